@@ -1,0 +1,64 @@
+#include "algorithms/program.h"
+
+#include <sstream>
+
+namespace chorus::algo {
+
+const char* coll_name(Coll c) {
+  switch (c) {
+    case Coll::AllReduce: return "AllReduce";
+    case Coll::AllGather: return "AllGather";
+    case Coll::ReduceScatter: return "ReduceScatter";
+    case Coll::Broadcast: return "Broadcast";
+    case Coll::Reduce: return "Reduce";
+    case Coll::AllToAll: return "AllToAll";
+    case Coll::AllToAllv: return "AllToAllv";
+    case Coll::SendRecv: return "SendRecv";
+    case Coll::Barrier: return "Barrier";
+    case Coll::Count: break;
+  }
+  return "?";
+}
+
+const char* opcode_name(OpCode op) {
+  switch (op) {
+    case OpCode::Send: return "send";
+    case OpCode::Recv: return "recv";
+    case OpCode::RecvReduce: return "recv_reduce";
+    case OpCode::RecvReduceSend: return "recv_reduce_send";
+    case OpCode::RecvReduceCopySend: return "recv_reduce_copy_send";
+    case OpCode::RecvCopySend: return "recv_copy_send";
+    case OpCode::Copy: return "copy";
+  }
+  return "?";
+}
+
+namespace {
+const char* buf_name(BufKind b) {
+  switch (b) {
+    case BufKind::Input: return "in";
+    case BufKind::Output: return "out";
+    case BufKind::Scratch: return "scratch";
+  }
+  return "?";
+}
+}  // namespace
+
+std::string to_string(const RankProgram& p) {
+  std::ostringstream os;
+  for (size_t l = 0; l < p.lanes.size(); ++l) {
+    os << "lane " << l << " (channel " << p.lanes[l].channel << "):\n";
+    for (const Step& s : p.lanes[l].steps) {
+      os << "  " << opcode_name(s.op);
+      if (op_receives(s.op)) os << " from " << s.recv_peer;
+      if (op_sends(s.op)) os << " to " << s.send_peer;
+      if (op_reads_src(s.op)) os << " src=" << buf_name(s.src.buf) << "[" << s.src.chunk << "]";
+      if (op_writes_dst(s.op)) os << " dst=" << buf_name(s.dst.buf) << "[" << s.dst.chunk << "]";
+      if (s.final) os << " final";
+      os << "\n";
+    }
+  }
+  return os.str();
+}
+
+}  // namespace chorus::algo

@@ -1,0 +1,109 @@
+// Programs: the intermediate representation every collective algorithm is written in (DESIGN.md, "Programs").
+//
+// A program gives, for one rank, a few lanes of steps. A lane is an ordered list of steps bound to one channel;
+// lanes run concurrently. Steps name chunks, never bytes: a buffer (input, output, scratch) is `nblocks` blocks,
+// each cut into `parts` chunks, and chunk index = block * parts + part. The executor maps chunks to bytes for the
+// actual call (Layout) and cuts every chunk into slices for pipelining.
+//
+// Matching rule: between two ranks on one channel, the k-th message sent matches the k-th message received.
+// Programs are pure data: they are generated, verified (verifier.h) and cached without any network.
+#pragma once
+
+#include <chorus/chorus.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace chorus::algo {
+
+enum class Coll : uint8_t {
+  AllReduce,
+  AllGather,
+  ReduceScatter,
+  Broadcast,
+  Reduce,
+  AllToAll,
+  AllToAllv,
+  SendRecv,
+  Barrier,
+  Count
+};
+const char* coll_name(Coll c);
+
+enum class BufKind : uint8_t { Input, Output, Scratch };
+
+struct ChunkRef {
+  BufKind buf = BufKind::Input;
+  int32_t chunk = 0;
+  bool operator==(const ChunkRef&) const = default;
+};
+
+// What a step does with the message it receives (if any), its local operand `src` and its destination `dst`.
+enum class OpCode : uint8_t {
+  Send,                // msg_out = src
+  Recv,                // dst = msg_in
+  RecvReduce,          // dst = msg_in (+) src
+  RecvReduceSend,      // msg_out = msg_in (+) src
+  RecvReduceCopySend,  // dst = msg_out = msg_in (+) src
+  RecvCopySend,        // dst = msg_out = msg_in
+  Copy,                // dst = src
+};
+const char* opcode_name(OpCode op);
+inline bool op_receives(OpCode op) { return op != OpCode::Send && op != OpCode::Copy; }
+inline bool op_sends(OpCode op) {
+  return op == OpCode::Send || op == OpCode::RecvReduceSend || op == OpCode::RecvReduceCopySend ||
+         op == OpCode::RecvCopySend;
+}
+inline bool op_reads_src(OpCode op) {
+  return op == OpCode::Send || op == OpCode::RecvReduce || op == OpCode::RecvReduceSend ||
+         op == OpCode::RecvReduceCopySend || op == OpCode::Copy;
+}
+inline bool op_writes_dst(OpCode op) {
+  return op == OpCode::Recv || op == OpCode::RecvReduce || op == OpCode::RecvReduceCopySend ||
+         op == OpCode::RecvCopySend || op == OpCode::Copy;
+}
+inline bool op_reduces(OpCode op) {
+  return op == OpCode::RecvReduce || op == OpCode::RecvReduceSend || op == OpCode::RecvReduceCopySend;
+}
+
+struct Step {
+  OpCode op = OpCode::Copy;
+  int32_t recv_peer = -1;  // rank the message comes from (receiving ops)
+  int32_t send_peer = -1;  // rank the message goes to (sending ops)
+  ChunkRef src;            // local operand (ops that read src)
+  ChunkRef dst;            // destination (ops that write dst)
+  // The value produced is complete: the avg division is applied to it (once, where the reduction finishes).
+  bool final = false;
+};
+
+struct Lane {
+  int32_t channel = 0;
+  std::vector<Step> steps;
+};
+
+struct BufShape {
+  int32_t nblocks = 0;
+  int32_t parts = 1;
+  int32_t nchunks() const { return nblocks * parts; }
+};
+
+struct RankProgram {
+  BufShape input, output, scratch;
+  std::vector<Lane> lanes;
+};
+
+// One algorithm's program for every rank of a communicator.
+struct Program {
+  Coll coll = Coll::AllReduce;
+  std::string algorithm;  // e.g. "ring"
+  int nranks = 0;
+  int root = 0;
+  int nchannels = 1;
+  std::vector<RankProgram> ranks;
+};
+
+// Human-readable listing of one rank's program (for chorus-plan, tests and error messages).
+std::string to_string(const RankProgram& p);
+
+}  // namespace chorus::algo

@@ -1,0 +1,192 @@
+// Ring and chain programs. Ring all-reduce is reduce-scatter then all-gather around a ring, 2(N-1) steps per
+// channel, each rank sending (N-1)/N of the data twice: bandwidth-optimal (Patarasuk and Yuan, "Bandwidth optimal
+// all-reduce algorithms for clusters of workstations", JPDC 2009). Broadcast and reduce are pipelined chains;
+// pipelining comes from the executor's slicing.
+#include <stdexcept>
+
+#include "algorithms/algorithms.h"
+
+namespace chorus::algo {
+
+namespace {
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+Step send(int peer, ChunkRef src) { return Step{OpCode::Send, -1, peer, src, {}, false}; }
+Step recv(int peer, ChunkRef dst, bool final = false) { return Step{OpCode::Recv, peer, -1, {}, dst, final}; }
+Step copy(ChunkRef src, ChunkRef dst, bool final) { return Step{OpCode::Copy, -1, -1, src, dst, final}; }
+ChunkRef in(int c) { return {BufKind::Input, c}; }
+ChunkRef out(int c) { return {BufKind::Output, c}; }
+
+Program make(Coll coll, const char* name, const ProgramParams& p) {
+  if (p.nranks < 1) throw std::invalid_argument("nranks must be >= 1");
+  if (p.nchannels < 1) throw std::invalid_argument("nchannels must be >= 1");
+  if (p.root < 0 || p.root >= p.nranks) throw std::invalid_argument("root out of range");
+  Program prog;
+  prog.coll = coll;
+  prog.algorithm = name;
+  prog.nranks = p.nranks;
+  prog.root = p.root;
+  prog.nchannels = p.nchannels;
+  prog.ranks.resize(p.nranks);
+  return prog;
+}
+
+}  // namespace
+
+Program ring_allreduce(const ProgramParams& p) {
+  Program prog = make(Coll::AllReduce, "ring", p);
+  const int n = p.nranks, nch = p.nchannels;
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {1, n * nch};
+    rp.output = {1, n * nch};
+    const int next = mod(r + 1, n), prev = mod(r - 1, n);
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto c = [&](int k) { return ch * n + mod(k, n); };
+      if (n == 1) {
+        lane.steps.push_back(copy(in(c(0)), out(c(0)), true));
+      } else {
+        // Reduce-scatter: at step t rank r sends the partial sum of chunk r-t; rank r ends owning chunk r+1.
+        lane.steps.push_back(send(next, in(c(r))));
+        for (int t = 1; t < n - 1; ++t)
+          lane.steps.push_back(Step{OpCode::RecvReduceSend, prev, next, in(c(r - t)), {}, false});
+        lane.steps.push_back(Step{OpCode::RecvReduceCopySend, prev, next, in(c(r + 1)), out(c(r + 1)), true});
+        // All-gather: forward the finished chunks around the ring.
+        for (int t = 1; t < n - 1; ++t)
+          lane.steps.push_back(Step{OpCode::RecvCopySend, prev, next, {}, out(c(r + 1 - t)), false});
+        lane.steps.push_back(recv(prev, out(c(r + 2))));
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+Program ring_allgather(const ProgramParams& p) {
+  Program prog = make(Coll::AllGather, "ring", p);
+  const int n = p.nranks, nch = p.nchannels;
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {1, nch};
+    rp.output = {n, nch};
+    const int next = mod(r + 1, n), prev = mod(r - 1, n);
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto ob = [&](int block) { return out(mod(block, n) * nch + ch); };
+      // Send before the copy: in place (input is output block r) the copy is a no-op the executor skips.
+      if (n > 1) lane.steps.push_back(send(next, in(ch)));
+      lane.steps.push_back(copy(in(ch), ob(r), false));
+      if (n > 1) {
+        for (int t = 1; t < n - 1; ++t)
+          lane.steps.push_back(Step{OpCode::RecvCopySend, prev, next, {}, ob(r - t), false});
+        lane.steps.push_back(recv(prev, ob(r - (n - 1))));
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+Program ring_reduce_scatter(const ProgramParams& p) {
+  Program prog = make(Coll::ReduceScatter, "ring", p);
+  const int n = p.nranks, nch = p.nchannels;
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {n, nch};
+    rp.output = {1, nch};
+    const int next = mod(r + 1, n), prev = mod(r - 1, n);
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto ib = [&](int block) { return in(mod(block, n) * nch + ch); };
+      if (n == 1) {
+        lane.steps.push_back(copy(ib(0), out(ch), true));
+      } else {
+        // The partial sum of block b starts at rank b+1 and ends, complete, at rank b.
+        lane.steps.push_back(send(next, ib(r - 1)));
+        for (int t = 1; t < n - 1; ++t)
+          lane.steps.push_back(Step{OpCode::RecvReduceSend, prev, next, ib(r - 1 - t), {}, false});
+        lane.steps.push_back(Step{OpCode::RecvReduce, prev, -1, ib(r), out(ch), true});
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+Program chain_broadcast(const ProgramParams& p) {
+  Program prog = make(Coll::Broadcast, "ring", p);
+  const int n = p.nranks, nch = p.nchannels;
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {1, nch};
+    rp.output = {1, nch};
+    const int pos = mod(r - p.root, n);  // position in the chain that starts at the root
+    const int next = mod(r + 1, n), prev = mod(r - 1, n);
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      if (pos == 0) {
+        if (n > 1) lane.steps.push_back(send(next, in(ch)));
+        lane.steps.push_back(copy(in(ch), out(ch), false));
+      } else if (pos < n - 1) {
+        lane.steps.push_back(Step{OpCode::RecvCopySend, prev, next, {}, out(ch), false});
+      } else {
+        lane.steps.push_back(recv(prev, out(ch)));
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+Program chain_reduce(const ProgramParams& p) {
+  Program prog = make(Coll::Reduce, "ring", p);
+  const int n = p.nranks, nch = p.nchannels;
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {1, nch};
+    rp.output = {1, nch};
+    const int pos = mod(r - p.root - 1, n);  // the chain starts after the root and ends at it
+    const int next = mod(r + 1, n), prev = mod(r - 1, n);
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      if (n == 1) {
+        lane.steps.push_back(copy(in(ch), out(ch), true));
+      } else if (pos == 0) {
+        lane.steps.push_back(send(next, in(ch)));
+      } else if (pos < n - 1) {
+        lane.steps.push_back(Step{OpCode::RecvReduceSend, prev, next, in(ch), {}, false});
+      } else {
+        lane.steps.push_back(Step{OpCode::RecvReduce, prev, -1, in(ch), out(ch), true});
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+Program pairwise_alltoall(const ProgramParams& p) {
+  Program prog = make(Coll::AllToAll, "pairwise", p);
+  const int n = p.nranks, nch = p.nchannels;
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {n, nch};
+    rp.output = {n, nch};
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto ib = [&](int block) { return in(mod(block, n) * nch + ch); };
+      auto ob = [&](int block) { return out(mod(block, n) * nch + ch); };
+      lane.steps.push_back(copy(ib(r), ob(r), false));
+      // Step t exchanges with the ranks t away in both directions, so every pair talks exactly once.
+      for (int t = 1; t < n; ++t) {
+        lane.steps.push_back(send(mod(r + t, n), ib(r + t)));
+        lane.steps.push_back(recv(mod(r - t, n), ob(r - t)));
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+}  // namespace chorus::algo

@@ -1,0 +1,43 @@
+// The verifier: symbolic execution of a program on every rank (DESIGN.md, "Programs").
+//
+// Every chunk holds the multiset of (rank, input chunk) contributions it carries, plus how many times the avg
+// division was applied. Messages travel through FIFOs of bounded capacity (one per sender, receiver and channel),
+// so the run also proves the absence of deadlock; for these blocking-read programs, completion with a capacity
+// implies completion with any larger one. The postcondition of each collective is then checked on every rank:
+//  - all-reduce: output chunk c holds (q, c) for every rank q exactly once, finished once;
+//  - reduce-scatter: output part p of rank r holds (q, block r part p) for every q, finished once;
+//  - reduce: the same at the root for its one block; non-root outputs are never written;
+//  - all-gather: output block b part p is an exact copy of rank b's input part p;
+//  - broadcast: every output part is an exact copy of the root's; non-root inputs are never read;
+//  - all-to-all(v): output block b part p of rank r is an exact copy of rank b's input block r part p.
+// In-place mode aliases the input and output chunks the way the API does (e.g. all-gather's input is output
+// block r) and additionally proves that no input is read after it was overwritten.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "algorithms/program.h"
+
+namespace chorus::algo {
+
+struct VerifyOptions {
+  bool in_place = false;
+  // Messages in flight per (sender, receiver, channel). Steps that receive and send at once need 2 in a ring
+  // where every rank sends first; the executor's FIFOs have at least 2 slots (CHORUS_FIFO_DEPTH >= 2).
+  int fifo_capacity = 2;
+};
+
+struct VerifyResult {
+  bool ok = false;
+  std::string error;       // first violation found, naming rank, lane and step
+  int64_t messages = 0;    // messages sent in total
+  int64_t rounds = 0;      // scheduling rounds until completion (a rough depth measure)
+};
+
+VerifyResult verify(const Program& program, const VerifyOptions& options = {});
+
+// True if `coll` has an in-place form the verifier checks (all but all-to-all(v), which the communicator stages).
+bool has_in_place_form(Coll coll);
+
+}  // namespace chorus::algo

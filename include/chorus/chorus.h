@@ -1,0 +1,211 @@
+/*
+ * Chorus: topology-aware collective communication. Stable C ABI.
+ *
+ * Conventions for every function here:
+ *  - Counts are numbers of elements (not bytes) and are 64-bit; byte sizes are count * chorusTypeSize(dtype).
+ *  - Every function returns a chorusResult_t. On failure, chorusGetLastError(comm) (or chorusGetLastError(NULL)
+ *    for errors without a communicator) returns text naming the rank and, where it applies, the peer, the
+ *    collective and its sequence number.
+ *  - Arguments are validated before anything happens: a bad argument returns chorusInvalidArgument and no
+ *    buffer is read or written.
+ *  - Thread safety: one communicator is driven by one thread at a time (as with NCCL and MPI); different
+ *    communicators may be used from different threads at once. chorusCommAbort may be called from any thread.
+ *  - All ranks of a communicator call its collectives in the same order with matching arguments. A mismatch
+ *    (different collective, count, dtype, op or root) is detected and reported on every rank.
+ *  - Buffers are host memory in this version. `stream` arguments take a cudaStream_t; pass NULL for host buffers,
+ *    in which case the call blocks until the operation is complete.
+ */
+#ifndef CHORUS_CHORUS_H_
+#define CHORUS_CHORUS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CHORUS_MAJOR 0
+#define CHORUS_MINOR 1
+#define CHORUS_PATCH 0
+#define CHORUS_VERSION_CODE (CHORUS_MAJOR * 10000 + CHORUS_MINOR * 100 + CHORUS_PATCH)
+
+/* Result codes: 0..7 have the values of NCCL's ncclResult_t. */
+typedef enum {
+  chorusSuccess = 0,
+  chorusUnhandledCudaError = 1,
+  chorusSystemError = 2,    /* an OS call failed (socket, shm, ...) */
+  chorusInternalError = 3,  /* a Chorus bug */
+  chorusInvalidArgument = 4,
+  chorusInvalidUsage = 5,   /* e.g. a communicator used after destroy, or by two threads at once */
+  chorusRemoteError = 6,    /* a peer failed, died, or called a mismatched collective */
+  chorusInProgress = 7,     /* a non-blocking operation has not completed yet */
+  chorusTimeout = 8,        /* a wait passed its deadline (CHORUS_TIMEOUT_MS or the caller's) */
+  chorusNotSupported = 9,
+  chorusNumResults = 10
+} chorusResult_t;
+
+/* Datatypes: values equal NCCL's ncclDataType_t. */
+typedef enum {
+  chorusInt8 = 0,
+  chorusChar = 0,
+  chorusUint8 = 1,
+  chorusInt32 = 2,
+  chorusInt = 2,
+  chorusUint32 = 3,
+  chorusInt64 = 4,
+  chorusUint64 = 5,
+  chorusFloat16 = 6,
+  chorusHalf = 6,
+  chorusFloat32 = 7,
+  chorusFloat = 7,
+  chorusFloat64 = 8,
+  chorusDouble = 8,
+  chorusBfloat16 = 9,
+  chorusFloat8e4m3 = 10, /* OCP FP8 E4M3 (no infinities, max 448) */
+  chorusFloat8e5m2 = 11, /* OCP FP8 E5M2 (IEEE-like) */
+  chorusNumTypes = 12
+} chorusDataType_t;
+
+/*
+ * Reduction operators: values equal NCCL's ncclRedOp_t.
+ *  - fp16, bf16 and fp8 are accumulated in fp32 within a rank and rounded to nearest-even once per result.
+ *  - chorusMin and chorusMax propagate NaN: if any rank holds NaN, the result is NaN.
+ *  - chorusAvg on floating types is the sum divided by nranks; on integer types it is the integer sum divided by
+ *    nranks, truncated toward zero (C semantics), with the sum computed in the type (wrapping on overflow).
+ *  - chorusProd and chorusSum on integer types wrap modulo 2^bits.
+ *  - Pre-multiplied sums are created with chorusRedOpCreatePreMulSum.
+ */
+typedef enum {
+  chorusSum = 0,
+  chorusProd = 1,
+  chorusMax = 2,
+  chorusMin = 3,
+  chorusAvg = 4,
+  chorusNumOps = 5,
+  chorusMaxRedOp = 0x7fffffff
+} chorusRedOp_t;
+
+typedef enum {
+  chorusScalarDevice = 0,       /* scalar lives in device memory (needs CUDA) */
+  chorusScalarHostImmediate = 1 /* scalar is read from host memory when the op is created */
+} chorusScalarResidence_t;
+
+#define CHORUS_UNIQUE_ID_BYTES 128
+/* Opaque: the root's address and a 128-bit random secret. Treat it as a secret; share only with the job's ranks. */
+typedef struct {
+  char internal[CHORUS_UNIQUE_ID_BYTES];
+} chorusUniqueId;
+
+typedef struct chorusComm* chorusComm_t;
+typedef struct chorusRequest* chorusRequest_t;
+struct CUstream_st; /* cudaStream_t without including CUDA headers */
+typedef struct CUstream_st* chorusStream_t;
+
+#define CHORUS_SPLIT_NOCOLOR (-1)
+
+/* ---- Library ---- */
+chorusResult_t chorusGetVersion(int* version);
+const char* chorusGetErrorString(chorusResult_t result);
+/* Text of the last error on `comm` in this thread (or of the last error without a communicator when comm is
+ * NULL). Never NULL; empty when there was none. Valid until the next call on this thread. */
+const char* chorusGetLastError(chorusComm_t comm);
+/* Size in bytes of one element of `dtype`, or 0 if dtype is invalid. */
+size_t chorusTypeSize(chorusDataType_t dtype);
+
+/* ---- Communicators ---- */
+/* Creates a unique id and starts the rendezvous service in this process. The service must live until every rank
+ * has initialised, so call this from a process that stays alive (typically rank 0). */
+chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId);
+/* Collective over `nranks` processes or threads: each calls it with its own `rank` in [0, nranks). Blocks until all
+ * have joined or CHORUS_TIMEOUT_MS passes. */
+chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank);
+/* Init from the launcher's environment: torchrun (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK),
+ * Open MPI (OMPI_COMM_WORLD_*), Slurm (SLURM_*), PMI (PMI_*); CHORUS_RANK, CHORUS_NRANKS, CHORUS_ROOT_ADDR
+ * (host:port) and CHORUS_SECRET (32 hex digits) override them. chorusrun sets the CHORUS_* ones. */
+chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm);
+/* Collective over `comm`: ranks with the same color form a new communicator, ordered by (key, old rank). A rank
+ * passing CHORUS_SPLIT_NOCOLOR gets *newcomm = NULL. */
+chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm);
+/* Waits for outstanding operations, then frees the communicator. */
+chorusResult_t chorusCommDestroy(chorusComm_t comm);
+/* Stops outstanding operations (they fail) and frees the communicator; returns within a bounded time. */
+chorusResult_t chorusCommAbort(chorusComm_t comm);
+chorusResult_t chorusCommCount(const chorusComm_t comm, int* count);
+chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank);
+/* chorusSuccess if the communicator is healthy, else the error that broke it (see chorusGetLastError). */
+chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError);
+
+chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, chorusDataType_t datatype,
+                                          chorusScalarResidence_t residence, chorusComm_t comm);
+chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm);
+
+/* ---- Collectives (blocking for host buffers with stream == NULL) ----
+ * sendbuff == recvbuff means in place. Sizes: all-reduce, broadcast, reduce: count elements in and out.
+ * all-gather: sendcount in, nranks * sendcount out (rank r's block at offset r * sendcount).
+ * reduce-scatter: nranks * recvcount in, recvcount out. all-to-all: nranks * count in and out (block j of the input
+ * goes to rank j). */
+chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                               chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                               int root, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                            chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                   chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                   chorusStream_t stream);
+chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                              chorusComm_t comm, chorusStream_t stream);
+/* Counts and displacements are in elements, one per rank. In place is not supported (returns
+ * chorusInvalidArgument). */
+chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                               void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                               chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream);
+/* Point to point. Between two ranks, sends and receives match in the order they are called. Inside
+ * chorusGroupStart/End they are issued together at chorusGroupEnd (so a rank may send to and receive from the
+ * same peer without deadlock). */
+chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer,
+                          chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
+                          chorusStream_t stream);
+/* Groups nest; the outermost chorusGroupEnd issues everything called since the outermost chorusGroupStart on
+ * this thread. Inside a group only chorusSend and chorusRecv are allowed. */
+chorusResult_t chorusGroupStart(void);
+chorusResult_t chorusGroupEnd(void);
+
+/* ---- Non-blocking collectives ----
+ * Same arguments as above; they return at once with a request. The operation progresses in the background;
+ * buffers must not be touched until chorusTest reports done or chorusWait returns. Operations on one
+ * communicator complete in the order they were issued. Every request must be freed with chorusRequestFree. */
+chorusResult_t chorusIallReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                chorusRedOp_t op, chorusComm_t comm, chorusRequest_t* request);
+chorusResult_t chorusIbroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                int root, chorusComm_t comm, chorusRequest_t* request);
+chorusResult_t chorusIreduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                             chorusRedOp_t op, int root, chorusComm_t comm, chorusRequest_t* request);
+chorusResult_t chorusIallGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                                chorusComm_t comm, chorusRequest_t* request);
+chorusResult_t chorusIreduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                    chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                    chorusRequest_t* request);
+chorusResult_t chorusIallToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusRequest_t* request);
+chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                                void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                                chorusDataType_t datatype, chorusComm_t comm, chorusRequest_t* request);
+/* *done = 1 when complete (then the request's result is returned), else *done = 0 and chorusSuccess. */
+chorusResult_t chorusTest(chorusRequest_t request, int* done);
+/* Waits up to timeout_ms milliseconds (negative: CHORUS_TIMEOUT_MS). Returns the operation's result, or
+ * chorusTimeout if it is still running (the request stays valid). */
+chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms);
+/* Frees a request; a request still running is waited for first. */
+chorusResult_t chorusRequestFree(chorusRequest_t request);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CHORUS_CHORUS_H_ */

@@ -1,0 +1,67 @@
+// Bootstrap: rendezvous, out-of-band messages and the control plane of one communicator.
+//
+// Shape: a root service (a thread in the process that created the unique id, or rank 0 for launcher-environment
+// init) accepts one TCP connection per rank. Every connection proves knowledge of the 128-bit secret by an HMAC
+// challenge-response (auth.h); anything else is refused and logged, and does not disturb the job. The root then
+//  - gathers and broadcasts blobs (all-gather, barrier),
+//  - relays point-to-point messages between ranks (used to exchange transport connection data),
+//  - watches every rank's connection: an error reported by a rank, or a connection that closes without a goodbye
+//    (a dead process), is broadcast to every rank as a failure naming that rank.
+// Each rank runs one service thread that reads its root connection and files messages into a mailbox, and sets
+// the failure flag that the executor polls.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/unique_id.h"
+#include "core/deadline.h"
+
+namespace chorus {
+
+using Blob = std::vector<std::byte>;
+
+struct PeerFailure {
+  int rank = -1;     // the rank that failed or reported the failure
+  std::string text;  // what happened, as reported (already names the rank)
+};
+
+class Bootstrap {
+ public:
+  // Joins the rendezvous at `id` as `rank` of `nranks` and all-gathers `info` (each rank's blob, e.g. host id and
+  // transport addresses). Blocks until every rank has joined or `deadline` passes (then throws chorusTimeout naming
+  // the ranks still missing, as far as the root knows them). Throws chorusInvalidArgument for bad rank/nranks,
+  // chorusSystemError when the root cannot be reached.
+  static std::unique_ptr<Bootstrap> join(const UniqueIdData& id, int rank, int nranks, const Blob& info,
+                                         Deadline deadline);
+  virtual ~Bootstrap() = default;  // says goodbye to the root (unless aborted) and stops the service thread
+
+  virtual int rank() const = 0;
+  virtual int nranks() const = 0;
+  // The blobs all-gathered at join, indexed by rank.
+  virtual const std::vector<Blob>& peer_info() const = 0;
+
+  // Collective all-gather of one blob per rank (blobs may differ in size). `tag` separates concurrent uses.
+  virtual std::vector<Blob> allgather(uint32_t tag, const Blob& mine, Deadline deadline) = 0;
+  virtual void barrier(uint32_t tag, Deadline deadline) = 0;
+  // Point to point, relayed by the root. Messages from one peer with one tag arrive in order.
+  virtual void send(int peer, uint32_t tag, const Blob& data) = 0;
+  virtual Blob recv(int peer, uint32_t tag, Deadline deadline) = 0;
+
+  // Control plane. report_failure tells the root, which tells every rank (including this one).
+  virtual void report_failure(const std::string& text) = 0;
+  // Cheap to poll: true once any rank failed or died, or this rank's root connection broke.
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  virtual PeerFailure failure() const = 0;
+  // Local abort: closes the root connection without a goodbye (peers see this rank as failed). Bounded time.
+  virtual void abort() = 0;
+
+ protected:
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace chorus

@@ -1,0 +1,686 @@
+#include "bootstrap/root.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "bootstrap/auth.h"
+#include "bootstrap/socket.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace chorus {
+
+namespace {
+
+void put_u32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (24 - 8 * i));
+}
+void put_u64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (56 - 8 * i));
+}
+uint32_t get_u32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v = (v << 8) | p[i];
+  return v;
+}
+uint64_t get_u64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace
+
+const char* msg_type_name(uint32_t type) {
+  switch (static_cast<MsgType>(type)) {
+    case MsgType::Join: return "Join";
+    case MsgType::Allgather: return "Allgather";
+    case MsgType::Barrier: return "Barrier";
+    case MsgType::P2p: return "P2p";
+    case MsgType::Error: return "Error";
+    case MsgType::Bye: return "Bye";
+    case MsgType::StatusQuery: return "StatusQuery";
+    case MsgType::Rendezvous: return "Rendezvous";
+    case MsgType::AllgatherResult: return "AllgatherResult";
+    case MsgType::BarrierResult: return "BarrierResult";
+    case MsgType::Deliver: return "Deliver";
+    case MsgType::Failure: return "Failure";
+    case MsgType::Reject: return "Reject";
+    case MsgType::Status: return "Status";
+  }
+  return "unknown";
+}
+
+void encode_header(const FrameHeader& h, uint8_t out[kFrameHeaderBytes]) {
+  put_u32(out, h.type);
+  put_u32(out + 4, static_cast<uint32_t>(h.from));
+  put_u32(out + 8, static_cast<uint32_t>(h.to));
+  put_u32(out + 12, h.tag);
+  put_u64(out + 16, h.length);
+}
+
+FrameHeader decode_header(const uint8_t in[kFrameHeaderBytes]) {
+  FrameHeader h;
+  h.type = get_u32(in);
+  h.from = static_cast<int32_t>(get_u32(in + 4));
+  h.to = static_cast<int32_t>(get_u32(in + 8));
+  h.tag = get_u32(in + 12);
+  h.length = get_u64(in + 16);
+  return h;
+}
+
+std::vector<uint8_t> make_frame(MsgType type, int32_t from, int32_t to, uint32_t tag, const void* payload,
+                                size_t bytes) {
+  std::vector<uint8_t> frame(kFrameHeaderBytes + bytes);
+  encode_header(FrameHeader{static_cast<uint32_t>(type), from, to, tag, bytes}, frame.data());
+  if (bytes > 0) std::memcpy(frame.data() + kFrameHeaderBytes, payload, bytes);
+  return frame;
+}
+
+std::vector<uint8_t> encode_blobs(const std::vector<Blob>& blobs) {
+  size_t total = 0;
+  for (const Blob& b : blobs) total += 8 + b.size();
+  std::vector<uint8_t> out(total);
+  uint8_t* p = out.data();
+  for (const Blob& b : blobs) {
+    put_u64(p, b.size());
+    if (!b.empty()) std::memcpy(p + 8, b.data(), b.size());
+    p += 8 + b.size();
+  }
+  return out;
+}
+
+std::vector<Blob> decode_blobs(std::span<const uint8_t> payload, size_t count) {
+  std::vector<Blob> blobs(count);
+  size_t off = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (payload.size() - off < 8)
+      throw Error(chorusSystemError, Subsys::Bootstrap, cat("malformed blob list: truncated before blob ", i));
+    uint64_t len = get_u64(payload.data() + off);
+    off += 8;
+    if (len > payload.size() - off)
+      throw Error(chorusSystemError, Subsys::Bootstrap,
+                  cat("malformed blob list: blob ", i, " claims ", len, " bytes, ", payload.size() - off, " remain"));
+    const auto* start = reinterpret_cast<const std::byte*>(payload.data() + off);
+    blobs[i].assign(start, start + len);
+    off += len;
+  }
+  if (off != payload.size())
+    throw Error(chorusSystemError, Subsys::Bootstrap,
+                cat("malformed blob list: ", payload.size() - off, " bytes after ", count, " blobs"));
+  return blobs;
+}
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  int running = 0;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // never freed: detached service threads may outlive static destruction
+  return *r;
+}
+
+// A connection is closed if its peer queues more output than this without reading it: it is stuck or hostile.
+constexpr size_t kMaxQueuedBytes = size_t{2} << 30;
+// Ranks in one rendezvous; bounds what a Join can make the root allocate.
+constexpr int32_t kMaxRanks = 1 << 24;
+// Frames handled per connection per poll wake-up, so one chatty rank cannot starve the others.
+constexpr int kFramesPerWake = 64;
+// How long a refused joiner gets to read its Reject before its connection is closed anyway.
+constexpr int kRejectLingerMs = 2000;
+
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string out;
+  size_t shown = 0;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (shown++ == 32) {
+      out += ", ...";
+      break;
+    }
+    out += (out.empty() ? "" : ", ") + (i == j ? cat(ranks[i]) : cat(ranks[i], "-", ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+class RootService {
+ public:
+  RootService(Socket listener, const Secret& secret, const RootOptions& options)
+      : listener_(std::move(listener)),
+        addr_(sockaddr_to_string(listener_.local_addr())),
+        secret_(secret),
+        options_(options) {}
+
+  // Thread body: runs until finished(); never throws.
+  void run() {
+    try {
+      loop();
+      CHORUS_INFO(Bootstrap, "root %s: every rank has left; service stopped", addr_.c_str());
+    } catch (const std::exception& e) {
+      CHORUS_WARN(Bootstrap, "root %s: service stopped by an error: %s", addr_.c_str(), e.what());
+    }
+  }
+
+ private:
+  enum class ConnState { Authenticating, AwaitJoin, Joined, Rejected, Closed };
+  enum class Phase { Gathering, Complete, Failed };
+  enum class ReadState { Header, Payload };
+  using Buffer = std::shared_ptr<const std::vector<uint8_t>>;
+
+  struct Conn {
+    Socket sock;
+    std::string peer;
+    ConnState state = ConnState::Authenticating;
+    std::unique_ptr<AuthServer> auth;
+    Deadline deadline = Deadline::never();  // to authenticate and join, or (Rejected) to flush the Reject
+    int rank = -1;
+    bool said_bye = false;
+    bool reported = false;  // its failure was already broadcast: closing adds nothing
+    ReadState read_state = ReadState::Header;
+    uint8_t header_bytes[kFrameHeaderBytes] = {};
+    size_t got = 0;
+    FrameHeader header;
+    std::vector<uint8_t> payload;
+    std::deque<std::pair<Buffer, size_t>> out;  // frames and the offset already sent of the first
+    size_t out_bytes = 0;
+  };
+
+  // Allgather / barrier rounds of one (type, tag): the k-th contribution of each rank belongs to round k.
+  struct Round {
+    std::vector<Blob> blobs;
+    std::vector<bool> have;
+    int count = 0;
+  };
+
+  void loop() {
+    std::vector<pollfd> pfds;
+    for (;;) {
+      pfds.clear();
+      if (listener_.valid()) pfds.push_back({listener_.fd(), POLLIN, 0});
+      const size_t base = pfds.size();
+      const size_t polled = conns_.size();
+      for (const auto& c : conns_) {
+        short events = c->state == ConnState::Rejected ? 0 : POLLIN;
+        if (!c->out.empty()) events |= POLLOUT;
+        pfds.push_back({c->sock.fd(), events, 0});
+      }
+      int rc = ::poll(pfds.data(), pfds.size(), next_timeout_ms());
+      if (rc < 0 && errno != EINTR)
+        throw Error(chorusSystemError, Subsys::Bootstrap, cat("poll failed: ", std::strerror(errno)));
+      if (rc > 0) {
+        if (base == 1 && pfds[0].revents != 0) accept_all();
+        for (size_t i = 0; i < polled; ++i) {
+          Conn& c = *conns_[i];
+          short re = pfds[base + i].revents;
+          if (re == 0 || c.state == ConnState::Closed) continue;
+          if (c.state == ConnState::Rejected && (re & (POLLHUP | POLLERR)) != 0) {
+            close_conn(c);
+            continue;
+          }
+          if ((re & (POLLIN | POLLHUP | POLLERR)) != 0 && c.state != ConnState::Rejected) on_readable(c);
+          if ((re & POLLOUT) != 0 && c.state != ConnState::Closed) flush(c);
+        }
+      }
+      close_overflowed();
+      expire_deadlines();
+      std::erase_if(conns_, [](const std::unique_ptr<Conn>& c) { return c->state == ConnState::Closed; });
+      if (finished()) return;
+    }
+  }
+
+  // Nobody can join any more and every rank that joined has left or died.
+  bool finished() const {
+    if (phase_ == Phase::Gathering) return false;
+    return std::none_of(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& c) {
+      return c->state == ConnState::Joined || c->state == ConnState::Rejected;
+    });
+  }
+
+  int next_timeout_ms() const {
+    int ms = 1000;  // also bounds how late a deadline check can be
+    for (const auto& c : conns_) {
+      if (c->state == ConnState::Joined) continue;
+      int left = c->deadline.remaining_ms();
+      if (left < ms) ms = left + 1;
+    }
+    return ms;
+  }
+
+  void accept_all() {
+    for (;;) {
+      sockaddr_storage peer{};
+      Socket s = listener_.try_accept(&peer);
+      if (!s.valid()) return;
+      auto c = std::make_unique<Conn>();
+      c->sock = std::move(s);
+      c->peer = sockaddr_to_string(peer);
+      int pending = static_cast<int>(std::count_if(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& x) {
+        return x->state == ConnState::Authenticating;
+      }));
+      if (pending >= options_.max_pending) {
+        CHORUS_WARN(Bootstrap, "root %s: refused connection from %s: %d connections are already authenticating",
+                    addr_.c_str(), c->peer.c_str(), pending);
+        continue;  // the Socket closes it
+      }
+      c->auth = std::make_unique<AuthServer>(secret_);
+      c->deadline = Deadline::after_ms(options_.auth_timeout_ms);
+      CHORUS_TRACE(Bootstrap, "root %s: connection from %s", addr_.c_str(), c->peer.c_str());
+      conns_.push_back(std::move(c));
+    }
+  }
+
+  void expire_deadlines() {
+    for (auto& c : conns_) {
+      if (c->state == ConnState::Joined || c->state == ConnState::Closed || !c->deadline.passed()) continue;
+      if (c->state == ConnState::Rejected) {
+        close_conn(*c);
+      } else {
+        CHORUS_WARN(Bootstrap, "root %s: refused connection from %s: %s within %d ms", addr_.c_str(),
+                    c->peer.c_str(),
+                    c->state == ConnState::Authenticating ? "it did not authenticate" : "it authenticated but did not join",
+                    options_.auth_timeout_ms);
+        close_conn(*c);
+      }
+    }
+  }
+
+  // ---- Reading ----
+
+  void on_readable(Conn& c) {
+    if (c.state == ConnState::Authenticating) {
+      switch (c.auth->on_readable(c.sock.fd())) {
+        case AuthServer::Status::NeedMore: return;
+        case AuthServer::Status::Refused:
+          CHORUS_WARN(Bootstrap, "root %s: refused connection from %s: it %s", addr_.c_str(), c.peer.c_str(),
+                      c.auth->why().c_str());
+          close_conn(c);
+          return;
+        case AuthServer::Status::Ok:
+          c.auth.reset();
+          c.state = ConnState::AwaitJoin;
+          CHORUS_TRACE(Bootstrap, "root %s: %s authenticated", addr_.c_str(), c.peer.c_str());
+          return;  // poll is level-triggered: a Join already here wakes the next round
+      }
+    }
+    for (int frames = 0; frames < kFramesPerWake && c.state != ConnState::Closed && c.state != ConnState::Rejected;) {
+      uint8_t* dst;
+      size_t want;
+      if (c.read_state == ReadState::Header) {
+        dst = c.header_bytes + c.got;
+        want = kFrameHeaderBytes - c.got;
+      } else {
+        dst = c.payload.data() + c.got;
+        want = c.payload.size() - c.got;
+      }
+      ssize_t n = ::recv(c.sock.fd(), dst, want, MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) {
+        peer_gone(c, n == 0 ? std::string() : std::string(std::strerror(errno)));
+        return;
+      }
+      c.got += static_cast<size_t>(n);
+      if (c.read_state == ReadState::Header) {
+        if (c.got < kFrameHeaderBytes) continue;
+        c.header = decode_header(c.header_bytes);
+        c.got = 0;
+        std::string bad = check_header(c, c.header);
+        if (!bad.empty()) {
+          protocol_error(c, bad);
+          return;
+        }
+        c.payload.assign(c.header.length, 0);
+        if (c.header.length > 0) {
+          c.read_state = ReadState::Payload;
+          continue;
+        }
+      } else if (c.got < c.payload.size()) {
+        continue;
+      }
+      c.read_state = ReadState::Header;
+      c.got = 0;
+      ++frames;
+      dispatch(c, c.header, std::move(c.payload));
+      c.payload = {};
+    }
+  }
+
+  // Why this header must not be accepted, or "" when it is well-formed.
+  std::string check_header(const Conn& c, const FrameHeader& h) const {
+    uint64_t limit = 0;
+    switch (static_cast<MsgType>(h.type)) {
+      case MsgType::Join:
+      case MsgType::Allgather:
+      case MsgType::P2p: limit = kMaxRankPayload; break;
+      case MsgType::Error: limit = kMaxTextPayload; break;
+      case MsgType::Barrier:
+      case MsgType::Bye:
+      case MsgType::StatusQuery: limit = 0; break;
+      default: return cat("unknown frame type ", h.type);
+    }
+    if (h.length > limit)
+      return cat(msg_type_name(h.type), " frame of ", h.length, " bytes exceeds the limit of ", limit, " bytes");
+    if (c.state == ConnState::AwaitJoin && static_cast<MsgType>(h.type) != MsgType::Join)
+      return cat("sent ", msg_type_name(h.type), " before Join");
+    if (c.state == ConnState::Joined) {
+      if (static_cast<MsgType>(h.type) == MsgType::Join) return "sent Join twice";
+      if (h.from != c.rank) return cat("claims to be rank ", h.from);
+    }
+    return "";
+  }
+
+  void dispatch(Conn& c, const FrameHeader& h, std::vector<uint8_t> payload) {
+    switch (static_cast<MsgType>(h.type)) {
+      case MsgType::Join: on_join(c, h, std::move(payload)); return;
+      case MsgType::Allgather:
+      case MsgType::Barrier: on_gather(c, h, std::move(payload)); return;
+      case MsgType::P2p: on_p2p(c, h, std::move(payload)); return;
+      case MsgType::Error: {
+        c.reported = true;
+        fail(c.rank, std::string(payload.begin(), payload.end()));
+        return;
+      }
+      case MsgType::Bye:
+        CHORUS_INFO(Bootstrap, "root %s: rank %d (%s) said goodbye", addr_.c_str(), c.rank, c.peer.c_str());
+        c.said_bye = true;
+        close_conn(c);
+        return;
+      case MsgType::StatusQuery: {
+        std::string text = status_text();
+        enqueue(c, make_buffer(MsgType::Status, -1, c.rank, 0, text.data(), text.size()));
+        return;
+      }
+      default: break;
+    }
+    CHORUS_ASSERT(false && "check_header admits only the rank-to-root frame types");
+  }
+
+  void on_join(Conn& c, const FrameHeader& h, std::vector<uint8_t> payload) {
+    const int rank = h.from, n = h.to;
+    auto reject = [&](chorusResult_t code, const std::string& text) {
+      CHORUS_WARN(Bootstrap, "root %s: refused Join from %s: %s", addr_.c_str(), c.peer.c_str(), text.c_str());
+      enqueue(c, make_buffer(MsgType::Reject, -1, rank, static_cast<uint32_t>(code), text.data(), text.size()));
+      c.state = ConnState::Rejected;
+      c.deadline = Deadline::after_ms(kRejectLingerMs);
+    };
+    if (phase_ == Phase::Failed)
+      return reject(chorusRemoteError, cat("the rendezvous at ", addr_, " already failed: ", failure_text_));
+    if (phase_ == Phase::Complete)
+      return reject(chorusInvalidUsage,
+                    cat("rank ", rank, " cannot join: all ", nranks_, " ranks of the rendezvous at ", addr_,
+                        " have joined"));
+    if (n <= 0 || n > kMaxRanks)
+      return reject(chorusInvalidArgument, cat("nranks=", n, " is out of range [1, ", kMaxRanks, "]"));
+    if (nranks_ != 0 && n != nranks_)
+      return reject(chorusInvalidArgument, cat("rank ", rank, " joined with nranks=", n, " but rank ", first_rank_,
+                                               " (first to join) joined with nranks=", nranks_));
+    if (rank < 0 || rank >= n)
+      return reject(chorusInvalidArgument, cat("rank ", rank, " is out of range for nranks=", n));
+    if (nranks_ != 0 && joined_[rank])
+      return reject(chorusInvalidUsage, cat("rank ", rank, " has already joined (from ", rank_peer_[rank], ")"));
+
+    if (nranks_ == 0) {
+      nranks_ = n;
+      first_rank_ = rank;
+      joined_.assign(n, false);
+      left_.assign(n, false);
+      by_rank_.assign(n, nullptr);
+      rank_peer_.assign(n, std::string());
+      join_blobs_.assign(n, Blob());
+    }
+    c.state = ConnState::Joined;
+    c.rank = rank;
+    c.deadline = Deadline::never();
+    joined_[rank] = true;
+    by_rank_[rank] = &c;
+    rank_peer_[rank] = c.peer;
+    const auto* start = reinterpret_cast<const std::byte*>(payload.data());
+    join_blobs_[rank].assign(start, start + payload.size());
+    ++njoined_;
+    CHORUS_INFO(Bootstrap, "root %s: rank %d of %d joined from %s (%d joined)", addr_.c_str(), rank, n,
+                c.peer.c_str(), njoined_);
+    if (njoined_ == nranks_) complete_rendezvous();
+  }
+
+  void complete_rendezvous() {
+    std::vector<uint8_t> list = encode_blobs(join_blobs_);
+    join_blobs_.clear();
+    join_blobs_.shrink_to_fit();
+    if (list.size() > kMaxRootPayload) {
+      fail(-1, cat("the rendezvous at ", addr_, " failed: the ranks' info blobs total ", list.size(),
+                   " bytes, over the limit of ", kMaxRootPayload));
+      return;
+    }
+    phase_ = Phase::Complete;
+    broadcast(make_buffer(MsgType::Rendezvous, -1, -1, 0, list.data(), list.size()));
+    CHORUS_INFO(Bootstrap, "root %s: rendezvous complete, %d ranks", addr_.c_str(), nranks_);
+    // Nobody else can join: stop listening, and drop strangers still authenticating.
+    listener_.close();
+    for (auto& c : conns_)
+      if (c->state == ConnState::Authenticating || c->state == ConnState::AwaitJoin) close_conn(*c);
+  }
+
+  void on_gather(Conn& c, const FrameHeader& h, std::vector<uint8_t> payload) {
+    if (phase_ != Phase::Complete) return protocol_error(c, cat("sent ", msg_type_name(h.type), " before the rendezvous"));
+    const uint64_t key = (uint64_t{h.type} << 32) | h.tag;
+    std::deque<Round>& rounds = rounds_[key];
+    auto it = std::find_if(rounds.begin(), rounds.end(), [&](const Round& r) { return !r.have[c.rank]; });
+    if (it == rounds.end()) {
+      rounds.emplace_back();
+      it = std::prev(rounds.end());
+      it->blobs.resize(nranks_);
+      it->have.assign(nranks_, false);
+    }
+    const auto* start = reinterpret_cast<const std::byte*>(payload.data());
+    it->blobs[c.rank].assign(start, start + payload.size());
+    it->have[c.rank] = true;
+    ++it->count;
+    while (!rounds.empty() && rounds.front().count == nranks_) {
+      if (static_cast<MsgType>(h.type) == MsgType::Barrier) {
+        broadcast(make_buffer(MsgType::BarrierResult, -1, -1, h.tag, nullptr, 0));
+      } else {
+        std::vector<uint8_t> list = encode_blobs(rounds.front().blobs);
+        if (list.size() > kMaxRootPayload)
+          fail(-1, cat("allgather with tag ", h.tag, " gathered ", list.size(), " bytes, over the limit of ",
+                       kMaxRootPayload));
+        else
+          broadcast(make_buffer(MsgType::AllgatherResult, -1, -1, h.tag, list.data(), list.size()));
+      }
+      rounds.pop_front();
+    }
+    if (rounds.empty()) rounds_.erase(key);
+  }
+
+  void on_p2p(Conn& c, const FrameHeader& h, std::vector<uint8_t> payload) {
+    if (phase_ != Phase::Complete) return protocol_error(c, "sent P2p before the rendezvous");
+    if (h.to < 0 || h.to >= nranks_) return protocol_error(c, cat("sent P2p to rank ", h.to, " of ", nranks_));
+    Conn* dest = by_rank_[h.to];
+    if (dest == nullptr) {
+      // A dead destination was already reported to everyone; a departed one is the sender's mistake.
+      if (left_[h.to])
+        CHORUS_WARN(Bootstrap, "root %s: dropped a message from rank %d to rank %d (tag %u): rank %d has left",
+                    addr_.c_str(), c.rank, h.to, h.tag, h.to);
+      return;
+    }
+    enqueue(*dest, make_buffer(MsgType::Deliver, c.rank, h.to, h.tag, payload.data(), payload.size()));
+  }
+
+  std::string status_text() const {
+    switch (phase_) {
+      case Phase::Complete: return cat("all ", nranks_, " ranks have joined");
+      case Phase::Failed: return cat("the rendezvous failed: ", failure_text_);
+      case Phase::Gathering: break;
+    }
+    std::vector<int> missing;
+    for (int r = 0; r < nranks_; ++r)
+      if (!joined_[r]) missing.push_back(r);
+    return cat(njoined_, " of ", nranks_, " ranks have joined; missing: ", rank_ranges(missing));
+  }
+
+  // ---- Failures and closing ----
+
+  // Broadcasts a failure to every rank still connected; a failure before the rendezvous completes also fails it.
+  void fail(int rank, const std::string& text) {
+    CHORUS_WARN(Bootstrap, "root %s: %s", addr_.c_str(), text.c_str());
+    if (phase_ == Phase::Gathering) {
+      phase_ = Phase::Failed;
+      failure_text_ = text;
+    }
+    broadcast(make_buffer(MsgType::Failure, rank, -1, 0, text.data(), text.size()));
+  }
+
+  void peer_gone(Conn& c, const std::string& os_error) {
+    if (c.state == ConnState::Joined && !c.said_bye && !c.reported) {
+      c.reported = true;
+      std::string text = cat("rank ", c.rank, " (", c.peer,
+                             ") closed its bootstrap connection without a goodbye: the process died or aborted");
+      if (!os_error.empty()) text += cat(" (", os_error, ")");
+      close_conn(c);
+      fail(c.rank, text);
+      return;
+    }
+    if (c.state == ConnState::AwaitJoin)
+      CHORUS_WARN(Bootstrap, "root %s: connection from %s closed after authenticating, before joining",
+                  addr_.c_str(), c.peer.c_str());
+    close_conn(c);
+  }
+
+  void protocol_error(Conn& c, const std::string& why) {
+    if (c.state == ConnState::Joined && !c.reported) {
+      c.reported = true;
+      std::string text = cat("rank ", c.rank, " (", c.peer, ") broke the bootstrap protocol: ", why);
+      close_conn(c);
+      fail(c.rank, text);
+      return;
+    }
+    CHORUS_WARN(Bootstrap, "root %s: closed connection from %s: %s", addr_.c_str(), c.peer.c_str(), why.c_str());
+    close_conn(c);
+  }
+
+  // Marks `c` closed (the sweep in loop() releases it), and forgets its rank's connection.
+  void close_conn(Conn& c) {
+    if (c.state == ConnState::Closed) return;
+    if (c.state == ConnState::Joined) {
+      by_rank_[c.rank] = nullptr;
+      left_[c.rank] = true;
+    }
+    c.state = ConnState::Closed;
+    c.out.clear();
+    c.out_bytes = 0;
+    c.sock.shutdown();
+  }
+
+  // ---- Writing ----
+
+  static Buffer make_buffer(MsgType type, int32_t from, int32_t to, uint32_t tag, const void* payload,
+                            size_t bytes) {
+    return std::make_shared<const std::vector<uint8_t>>(make_frame(type, from, to, tag, payload, bytes));
+  }
+
+  void broadcast(const Buffer& frame) {
+    for (Conn* c : by_rank_)
+      if (c != nullptr) enqueue(*c, frame);
+  }
+
+  // Queues a frame; loop() sends it when the socket is writable. Never writes here, so a failing write never
+  // closes a connection while the caller is iterating over connections.
+  void enqueue(Conn& c, const Buffer& frame) {
+    if (c.state == ConnState::Closed) return;
+    c.out.emplace_back(frame, 0);
+    c.out_bytes += frame->size();
+    if (c.out_bytes > kMaxQueuedBytes && c.state == ConnState::Joined && !c.reported) {
+      // Deferred to close_overflowed(): fail() here would re-enter enqueue while the caller iterates.
+      c.reported = true;
+      overflowed_.push_back(c.rank);
+    }
+  }
+
+  void flush(Conn& c) {
+    while (!c.out.empty()) {
+      auto& [buf, off] = c.out.front();
+      ssize_t n = ::send(c.sock.fd(), buf->data() + off, buf->size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n <= 0) {
+        peer_gone(c, std::strerror(errno));
+        return;
+      }
+      off += static_cast<size_t>(n);
+      c.out_bytes -= static_cast<size_t>(n);
+      if (off == buf->size()) c.out.pop_front();
+    }
+    if (c.out.empty() && c.state == ConnState::Rejected) close_conn(c);
+  }
+
+  void close_overflowed() {
+    while (!overflowed_.empty()) {
+      std::vector<int> ranks = std::move(overflowed_);
+      overflowed_.clear();
+      for (int r : ranks) {
+        if (by_rank_[r] == nullptr) continue;
+        std::string peer = by_rank_[r]->peer;
+        close_conn(*by_rank_[r]);
+        fail(r, cat("rank ", r, " (", peer, ") stopped reading its bootstrap connection (over ",
+                    kMaxQueuedBytes >> 20, " MiB queued for it)"));
+      }
+    }
+  }
+
+  Socket listener_;
+  const std::string addr_;
+  const Secret secret_;
+  const RootOptions options_;
+  std::vector<std::unique_ptr<Conn>> conns_;
+  Phase phase_ = Phase::Gathering;
+  int nranks_ = 0;  // set by the first Join
+  int first_rank_ = -1;
+  int njoined_ = 0;
+  std::vector<bool> joined_;          // ever joined
+  std::vector<bool> left_;            // joined, then said goodbye or died
+  std::vector<Conn*> by_rank_;        // live connection of each joined rank
+  std::vector<std::string> rank_peer_;
+  std::vector<Blob> join_blobs_;
+  std::string failure_text_;
+  std::map<uint64_t, std::deque<Round>> rounds_;
+  std::vector<int> overflowed_;
+};
+
+}  // namespace
+
+sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& secret, const RootOptions& options) {
+  Socket listener = Socket::listen(bind_addr);
+  sockaddr_storage bound = listener.local_addr();
+  auto service = std::make_shared<RootService>(std::move(listener), secret, options);
+  {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    ++registry().running;
+  }
+  std::thread([service] {
+    service->run();
+    std::lock_guard<std::mutex> lock(registry().mu);
+    --registry().running;
+  }).detach();
+  CHORUS_INFO(Bootstrap, "root service listening on %s", sockaddr_to_string(bound).c_str());
+  return bound;
+}
+
+int root_services_running() {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  return registry().running;
+}
+
+}  // namespace chorus

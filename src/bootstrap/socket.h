@@ -1,0 +1,101 @@
+// TCP sockets for the bootstrap (and the tcp transport): an RAII socket whose every blocking call takes a Deadline,
+// and helpers to pick, resolve and print addresses.
+//
+// Errors: chorus::Error with Subsys::Bootstrap; chorusTimeout when a deadline passes, chorusSystemError for OS
+// failures and for a peer that closed the connection, chorusInvalidArgument for bad user input (an unknown
+// interface name, a host that does not resolve).
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "core/deadline.h"
+
+namespace chorus {
+
+// A connected or listening TCP socket. Move-only; closes its descriptor on destruction. Every socket is created
+// close-on-exec, and sends never raise SIGPIPE.
+//
+// Thread-safety: one thread may send while another receives on the same socket; shutdown() may be called from any
+// thread while others are blocked in send_all/recv_all (it wakes them). Two concurrent senders (or receivers) must
+// be serialised by the caller. close() and moves are not thread-safe.
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  ~Socket() { close(); }
+  Socket(Socket&& other) noexcept : fd_(other.release()) {}
+  Socket& operator=(Socket&& other) noexcept;
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void close();
+  // shutdown(SHUT_RDWR) or (SHUT_WR when `write_only`), keeping the descriptor open: wakes a thread blocked in
+  // recv_all on this socket (it sees end of file) without the descriptor-reuse race of closing under it.
+  void shutdown(bool write_only = false) const;
+
+  // A listening socket bound to `addr` (port 0 = an ephemeral port; read it back with local_addr()), with
+  // SO_REUSEADDR. Non-blocking. Throws chorusSystemError naming the address when it cannot be bound.
+  static Socket listen(const sockaddr_storage& addr, int backlog = 128);
+  // Connects to `addr`, retrying refused and timed-out attempts with a short backoff until `deadline` (the peer
+  // may not be listening yet). Throws chorusSystemError naming the address and the last OS error when the
+  // deadline passes or on an error that retrying cannot fix. The returned socket is non-blocking, TCP_NODELAY.
+  static Socket connect(const sockaddr_storage& addr, Deadline deadline);
+  // Waits for one incoming connection. Throws chorusTimeout when `deadline` passes.
+  Socket accept(Deadline deadline) const;
+  // Accepts one pending connection without waiting; returns an invalid Socket when none is pending. The new
+  // socket is non-blocking. `peer` (optional) receives the remote address.
+  Socket try_accept(sockaddr_storage* peer = nullptr) const;
+
+  sockaddr_storage local_addr() const;
+  sockaddr_storage peer_addr() const;
+
+  // Sends / receives exactly `bytes` bytes, waiting with poll() as needed (works on blocking and non-blocking
+  // sockets). Throws chorusTimeout when `deadline` passes first, chorusSystemError on an OS error or, for
+  // recv_all, when the peer closes the connection ("connection closed by peer").
+  void send_all(const void* data, size_t bytes, Deadline deadline) const;
+  void recv_all(void* data, size_t bytes, Deadline deadline) const;
+
+  void set_nonblocking(bool on) const;
+  void set_nodelay() const;
+
+ private:
+  int fd_ = -1;
+};
+
+// Names of the network interfaces that have an IPv4 or IPv6 address, in getifaddrs order, without duplicates.
+std::vector<std::string> interface_names();
+// The address of interface `ifname` (IPv4 preferred, then a global IPv6, then any IPv6), port 0. Throws
+// chorusInvalidArgument "CHORUS_SOCKET_IFNAME=<ifname>: no such interface; interfaces with an address: lo, ..."
+// when it has no address.
+sockaddr_storage interface_address(const std::string& ifname);
+// The address Chorus listens on by default, port 0: CHORUS_SOCKET_IFNAME's when set, else the first interface
+// that is up, not loopback and has an IPv4 address, else 127.0.0.1.
+sockaddr_storage default_address();
+// Resolves `host` (a name, an IPv4 address, or an IPv6 address with or without brackets) with getaddrinfo,
+// preferring IPv4. Throws chorusInvalidArgument when the name does not exist, chorusSystemError for other
+// resolver failures, both naming the host.
+sockaddr_storage resolve(const std::string& host, int port);
+
+// "1.2.3.4:5678", "[::1]:5678" (with "%ifname" inside the brackets for a scoped IPv6 address).
+std::string sockaddr_to_string(const sockaddr_storage& addr);
+// Port in host byte order (0 for an unknown family) / set it.
+int sockaddr_port(const sockaddr_storage& addr);
+void set_sockaddr_port(sockaddr_storage& addr, int port);
+// The length to pass to bind/connect for this family.
+socklen_t sockaddr_len(const sockaddr_storage& addr);
+// True for 127.0.0.0/8 and ::1.
+bool sockaddr_is_loopback(const sockaddr_storage& addr);
+
+}  // namespace chorus

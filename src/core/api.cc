@@ -1,0 +1,489 @@
+// The C boundary: validates handles, converts chorus::Error into chorusResult_t and keeps the error text for
+// chorusGetLastError. Nothing throws across it.
+#include <chorus/chorus.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "bootstrap/launch_env.h"
+#include "bootstrap/socket.h"
+#include "core/communicator.h"
+#include "core/config.h"
+#include "core/dtype.h"
+#include "core/log.h"
+
+struct chorusComm {
+  std::unique_ptr<chorus::CommImpl> impl;
+  std::mutex err_mu;
+  std::string last_error;
+};
+
+struct chorusRequest {
+  std::shared_ptr<chorus::RequestState> state;
+  chorusComm* comm = nullptr;
+};
+
+namespace chorus {
+namespace {
+
+std::mutex g_live_mu;
+std::set<const chorusComm*> g_live;  // communicators not yet destroyed: catches use after destroy
+
+thread_local std::string t_last_error;
+
+void set_error(chorusComm* comm, const std::string& text) {
+  t_last_error = text;
+  if (comm) {
+    std::lock_guard<std::mutex> lock(comm->err_mu);
+    comm->last_error = text;
+  }
+}
+
+template <typename F>
+chorusResult_t guarded(chorusComm* comm, F&& f) {
+  try {
+    f();
+    return chorusSuccess;
+  } catch (const Error& e) {
+    CHORUS_INFO(Core, "%s", e.what());
+    set_error(comm, e.what());
+    return e.code();
+  } catch (const std::bad_alloc&) {
+    set_error(comm, "out of memory");
+    return chorusSystemError;
+  } catch (const std::exception& e) {
+    set_error(comm, std::string("internal error: ") + e.what());
+    return chorusInternalError;
+  }
+}
+
+CommImpl& live(chorusComm* comm) {
+  if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  if (!g_live.count(comm))
+    throw Error(chorusInvalidUsage, Subsys::Core, "comm is not a live communicator (used after destroy?)");
+  return *comm->impl;
+}
+
+chorusComm* wrap(std::unique_ptr<CommImpl> impl) {
+  auto* c = new chorusComm;
+  c->impl = std::move(impl);
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  g_live.insert(c);
+  return c;
+}
+
+// Group state: point-to-point calls between chorusGroupStart and chorusGroupEnd, per thread.
+struct GroupState {
+  int depth = 0;
+  std::vector<std::pair<chorusComm*, P2POp>> ops;
+};
+thread_local GroupState t_group;
+
+chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
+  return guarded(comm, [&] {
+    CommImpl& c = live(comm);
+    if (stream != nullptr)
+      throw Error(chorusNotSupported, Subsys::Core, "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
+    if (t_group.depth > 0)
+      throw Error(chorusInvalidUsage, Subsys::Core, "only chorusSend/chorusRecv may be called inside a group");
+    CommImpl::Guard guard(c);
+    c.validate(a);
+    c.run_blocking(std::move(a));
+  });
+}
+
+chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* request) {
+  return guarded(comm, [&] {
+    CommImpl& c = live(comm);
+    if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
+    CommImpl::Guard guard(c);
+    c.validate(a);
+    auto* r = new chorusRequest;
+    r->comm = comm;
+    r->state = c.submit(std::move(a));
+    *request = r;
+  });
+}
+
+chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chorusDataType_t dtype, int peer,
+                   chorusStream_t stream) {
+  return guarded(comm, [&] {
+    CommImpl& c = live(comm);
+    if (stream != nullptr)
+      throw Error(chorusNotSupported, Subsys::Core, "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
+    CollArgs a;
+    a.coll = algo::Coll::SendRecv;
+    a.p2p.push_back({is_send, peer, buf, count, dtype});
+    c.validate(a);
+    if (t_group.depth > 0) {
+      t_group.ops.push_back({comm, a.p2p[0]});
+      return;
+    }
+    CommImpl::Guard guard(c);
+    c.run_blocking(std::move(a));
+  });
+}
+
+}  // namespace
+}  // namespace chorus
+
+using namespace chorus;
+
+extern "C" {
+
+chorusResult_t chorusGetVersion(int* version) {
+  if (version == nullptr) return chorusInvalidArgument;
+  *version = CHORUS_VERSION_CODE;
+  return chorusSuccess;
+}
+
+const char* chorusGetErrorString(chorusResult_t r) {
+  switch (r) {
+    case chorusSuccess: return "no error";
+    case chorusUnhandledCudaError: return "unhandled cuda error";
+    case chorusSystemError: return "unhandled system error (network, shared memory, ...)";
+    case chorusInternalError: return "internal error (a bug in Chorus)";
+    case chorusInvalidArgument: return "invalid argument";
+    case chorusInvalidUsage: return "invalid usage";
+    case chorusRemoteError: return "remote process failed or called a mismatched operation";
+    case chorusInProgress: return "operation in progress";
+    case chorusTimeout: return "operation timed out";
+    case chorusNotSupported: return "not supported";
+    default: return "unknown result code";
+  }
+}
+
+const char* chorusGetLastError(chorusComm_t comm) {
+  if (comm == nullptr) return t_last_error.c_str();
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    if (!g_live.count(comm)) return t_last_error.c_str();
+  }
+  std::lock_guard<std::mutex> lock(comm->err_mu);
+  t_last_error = comm->last_error;
+  return t_last_error.c_str();
+}
+
+size_t chorusTypeSize(chorusDataType_t dtype) { return dtype_valid(dtype) ? dtype_size(dtype) : 0; }
+
+chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId) {
+  return guarded(nullptr, [&] {
+    if (uniqueId == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "uniqueId is NULL");
+    *uniqueId = encode_unique_id(create_unique_id());
+  });
+}
+
+chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank) {
+  return guarded(nullptr, [&] {
+    if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
+    *comm = wrap(std::make_unique<CommImpl>(decode_unique_id(commId), nranks, rank));
+  });
+}
+
+chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
+  return guarded(nullptr, [&] {
+    if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
+    LaunchEnv env = read_launch_env();
+    UniqueIdData id;
+    id.secret = env.secret;
+    if (env.rank == 0) {
+      // Rank 0 serves the rendezvous on the launcher's port, on every local address.
+      sockaddr_storage any = resolve("0.0.0.0", env.root_port);
+      start_root_service(any, env.secret);
+    }
+    id.root = resolve(env.root_host, env.root_port);
+    *comm = wrap(std::make_unique<CommImpl>(id, env.nranks, env.rank));
+  });
+}
+
+chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm) {
+  return guarded(comm, [&] {
+    CommImpl& c = live(comm);
+    if (newcomm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "newcomm is NULL");
+    CommImpl::Guard guard(c);
+    auto impl = c.split(color, key);
+    *newcomm = impl ? wrap(std::move(impl)) : nullptr;
+  });
+}
+
+chorusResult_t chorusCommDestroy(chorusComm_t comm) {
+  return guarded(nullptr, [&] {
+    live(comm);
+    {
+      std::lock_guard<std::mutex> lock(g_live_mu);
+      g_live.erase(comm);
+    }
+    delete comm;
+  });
+}
+
+chorusResult_t chorusCommAbort(chorusComm_t comm) {
+  return guarded(nullptr, [&] {
+    CommImpl& c = live(comm);
+    c.abort();
+    {
+      std::lock_guard<std::mutex> lock(g_live_mu);
+      g_live.erase(comm);
+    }
+    delete comm;
+  });
+}
+
+chorusResult_t chorusCommCount(const chorusComm_t comm, int* count) {
+  return guarded(comm, [&] {
+    CommImpl& c = live(comm);
+    if (count == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "count is NULL");
+    *count = c.nranks();
+  });
+}
+
+chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank) {
+  return guarded(comm, [&] {
+    CommImpl& c = live(comm);
+    if (rank == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "rank is NULL");
+    *rank = c.rank();
+  });
+}
+
+chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError) {
+  return guarded(comm, [&] {
+    CommImpl& c = live(comm);
+    if (asyncError == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "asyncError is NULL");
+    std::string text;
+    *asyncError = c.async_error(&text);
+    if (*asyncError != chorusSuccess) set_error(comm, text);
+  });
+}
+
+chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, chorusDataType_t datatype,
+                                          chorusScalarResidence_t residence, chorusComm_t comm) {
+  return guarded(comm, [&] {
+    CommImpl& c = live(comm);
+    if (op == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "op is NULL");
+    if (residence == chorusScalarDevice)
+      throw Error(chorusNotSupported, Subsys::Core, "residence=chorusScalarDevice needs a CUDA build");
+    if (residence != chorusScalarHostImmediate)
+      throw Error(chorusInvalidArgument, Subsys::Core, cat("residence=", static_cast<int>(residence), " is invalid"));
+    CommImpl::Guard guard(c);
+    *op = c.create_premul(scalar, datatype);
+  });
+}
+
+chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm) {
+  return guarded(comm, [&] {
+    CommImpl& c = live(comm);
+    CommImpl::Guard guard(c);
+    c.destroy_premul(op);
+  });
+}
+
+chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                               chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
+  CollArgs a;
+  a.coll = algo::Coll::AllReduce;
+  a.send = sendbuff; a.recv = recvbuff; a.count = count; a.dtype = datatype; a.op = op;
+  return collective(comm, std::move(a), stream);
+}
+
+chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
+                               chorusComm_t comm, chorusStream_t stream) {
+  CollArgs a;
+  a.coll = algo::Coll::Broadcast;
+  a.send = sendbuff; a.recv = recvbuff; a.count = count; a.dtype = datatype; a.root = root;
+  return collective(comm, std::move(a), stream);
+}
+
+chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                            chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream) {
+  CollArgs a;
+  a.coll = algo::Coll::Reduce;
+  a.send = sendbuff; a.recv = recvbuff; a.count = count; a.dtype = datatype; a.op = op; a.root = root;
+  return collective(comm, std::move(a), stream);
+}
+
+chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusStream_t stream) {
+  CollArgs a;
+  a.coll = algo::Coll::AllGather;
+  a.send = sendbuff; a.recv = recvbuff; a.count = sendcount; a.dtype = datatype;
+  return collective(comm, std::move(a), stream);
+}
+
+chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                   chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
+  CollArgs a;
+  a.coll = algo::Coll::ReduceScatter;
+  a.send = sendbuff; a.recv = recvbuff; a.count = recvcount; a.dtype = datatype; a.op = op;
+  return collective(comm, std::move(a), stream);
+}
+
+chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                              chorusComm_t comm, chorusStream_t stream) {
+  CollArgs a;
+  a.coll = algo::Coll::AllToAll;
+  a.send = sendbuff; a.recv = recvbuff; a.count = count; a.dtype = datatype;
+  return collective(comm, std::move(a), stream);
+}
+
+namespace {
+chorusResult_t alltoallv_args(CollArgs& a, chorusComm* comm, const void* sendbuff, const size_t* sendcounts,
+                              const size_t* sdispls, void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                              chorusDataType_t datatype) {
+  return guarded(comm, [&] {
+    CommImpl& c = live(comm);
+    size_t n = static_cast<size_t>(c.nranks());
+    if (!sendcounts || !sdispls || !recvcounts || !rdispls)
+      throw Error(chorusInvalidArgument, Subsys::Core, "sendcounts, sdispls, recvcounts and rdispls must not be NULL");
+    a.coll = algo::Coll::AllToAllv;
+    a.send = sendbuff; a.recv = recvbuff; a.dtype = datatype;
+    a.sendcounts.assign(sendcounts, sendcounts + n);
+    a.sdispls.assign(sdispls, sdispls + n);
+    a.recvcounts.assign(recvcounts, recvcounts + n);
+    a.rdispls.assign(rdispls, rdispls + n);
+  });
+}
+}  // namespace
+
+chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
+                               const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusStream_t stream) {
+  CollArgs a;
+  chorusResult_t r = alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
+  return r != chorusSuccess ? r : collective(comm, std::move(a), stream);
+}
+
+chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream) {
+  CollArgs a;
+  a.coll = algo::Coll::Barrier;
+  a.dtype = chorusUint8;
+  return collective(comm, std::move(a), stream);
+}
+
+chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
+                          chorusStream_t stream) {
+  return p2p(comm, true, const_cast<void*>(sendbuff), count, datatype, peer, stream);
+}
+
+chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
+                          chorusStream_t stream) {
+  return p2p(comm, false, recvbuff, count, datatype, peer, stream);
+}
+
+chorusResult_t chorusGroupStart(void) {
+  ++t_group.depth;
+  return chorusSuccess;
+}
+
+chorusResult_t chorusGroupEnd(void) {
+  if (t_group.depth == 0) {
+    set_error(nullptr, "chorusGroupEnd without chorusGroupStart");
+    return chorusInvalidUsage;
+  }
+  if (--t_group.depth > 0) return chorusSuccess;
+  auto ops = std::move(t_group.ops);
+  t_group.ops.clear();
+  // One program per communicator, issued in the order communicators first appeared in the group.
+  std::vector<chorusComm*> order;
+  for (auto& [c, op] : ops)
+    if (std::find(order.begin(), order.end(), c) == order.end()) order.push_back(c);
+  chorusResult_t result = chorusSuccess;
+  for (chorusComm* comm : order) {
+    chorusResult_t r = guarded(comm, [&] {
+      CommImpl& c = live(comm);
+      CollArgs a;
+      a.coll = algo::Coll::SendRecv;
+      for (auto& [cc, op] : ops)
+        if (cc == comm) a.p2p.push_back(op);
+      CommImpl::Guard guard(c);
+      c.run_blocking(std::move(a));
+    });
+    if (result == chorusSuccess) result = r;
+  }
+  return result;
+}
+
+#define CHORUS_ICOLL(body)      \
+  CollArgs a;                   \
+  body;                         \
+  return icollective(comm, std::move(a), request)
+
+chorusResult_t chorusIallReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                chorusRedOp_t op, chorusComm_t comm, chorusRequest_t* request) {
+  CHORUS_ICOLL(a.coll = algo::Coll::AllReduce; a.send = sendbuff; a.recv = recvbuff; a.count = count;
+               a.dtype = datatype; a.op = op);
+}
+chorusResult_t chorusIbroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
+                                chorusComm_t comm, chorusRequest_t* request) {
+  CHORUS_ICOLL(a.coll = algo::Coll::Broadcast; a.send = sendbuff; a.recv = recvbuff; a.count = count;
+               a.dtype = datatype; a.root = root);
+}
+chorusResult_t chorusIreduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                             chorusRedOp_t op, int root, chorusComm_t comm, chorusRequest_t* request) {
+  CHORUS_ICOLL(a.coll = algo::Coll::Reduce; a.send = sendbuff; a.recv = recvbuff; a.count = count;
+               a.dtype = datatype; a.op = op; a.root = root);
+}
+chorusResult_t chorusIallGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                                chorusComm_t comm, chorusRequest_t* request) {
+  CHORUS_ICOLL(a.coll = algo::Coll::AllGather; a.send = sendbuff; a.recv = recvbuff; a.count = sendcount;
+               a.dtype = datatype);
+}
+chorusResult_t chorusIreduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                    chorusRedOp_t op, chorusComm_t comm, chorusRequest_t* request) {
+  CHORUS_ICOLL(a.coll = algo::Coll::ReduceScatter; a.send = sendbuff; a.recv = recvbuff; a.count = recvcount;
+               a.dtype = datatype; a.op = op);
+}
+chorusResult_t chorusIallToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusRequest_t* request) {
+  CHORUS_ICOLL(a.coll = algo::Coll::AllToAll; a.send = sendbuff; a.recv = recvbuff; a.count = count;
+               a.dtype = datatype);
+}
+#undef CHORUS_ICOLL
+
+chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
+                                const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
+                                chorusComm_t comm, chorusRequest_t* request) {
+  CollArgs a;
+  chorusResult_t r = alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
+  return r != chorusSuccess ? r : icollective(comm, std::move(a), request);
+}
+
+chorusResult_t chorusTest(chorusRequest_t request, int* done) {
+  return guarded(nullptr, [&] {
+    if (request == nullptr || done == nullptr)
+      throw Error(chorusInvalidArgument, Subsys::Core, "request and done must not be NULL");
+    std::lock_guard<std::mutex> lock(request->state->mu);
+    *done = request->state->done ? 1 : 0;
+    if (request->state->done && request->state->result != chorusSuccess)
+      throw Error(request->state->result, Subsys::Core, request->state->error);
+  });
+}
+
+chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms) {
+  return guarded(nullptr, [&] {
+    if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
+    int64_t ms = timeout_ms >= 0 ? timeout_ms : param_int(Param::TimeoutMs);
+    RequestState& st = *request->state;
+    std::unique_lock<std::mutex> lock(st.mu);
+    if (!st.cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return st.done; }))
+      throw Error(chorusTimeout, Subsys::Core, cat("chorusWait: operation still running after ", ms, " ms"));
+    if (st.result != chorusSuccess) throw Error(st.result, Subsys::Core, st.error);
+  });
+}
+
+chorusResult_t chorusRequestFree(chorusRequest_t request) {
+  if (request == nullptr) return chorusSuccess;
+  {
+    std::unique_lock<std::mutex> lock(request->state->mu);
+    request->state->cv.wait(lock, [&] { return request->state->done; });
+  }
+  delete request;
+  return chorusSuccess;
+}
+
+}  // extern "C"

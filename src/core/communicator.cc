@@ -1,0 +1,597 @@
+#include "core/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "algorithms/algorithms.h"
+#include "core/config.h"
+#include "core/dtype.h"
+#include "core/log.h"
+#include "kernels/cpu/float_types.h"
+#include "kernels/cpu/reduce.h"
+#include "runtime/executor.h"
+
+namespace chorus {
+
+using algo::BufKind;
+using algo::Coll;
+
+namespace {
+
+constexpr uint32_t kTagConnect = 1;
+constexpr uint32_t kTagConnected = 2;
+constexpr uint32_t kTagSplit = 3;
+constexpr uint32_t kTagSplitId = 4;
+
+[[noreturn]] void bad_arg(const std::string& what) { throw Error(chorusInvalidArgument, Subsys::Core, what); }
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+bool is_reduction(Coll c) { return c == Coll::AllReduce || c == Coll::ReduceScatter || c == Coll::Reduce; }
+
+// Bytes of `count` elements of `dtype` times `mult`, or an error naming `what` if that overflows.
+size_t checked_bytes(size_t count, size_t mult, chorusDataType_t dtype, const char* what) {
+  size_t esz = dtype_size(dtype);
+  if (count != 0 && (mult > std::numeric_limits<size_t>::max() / count ||
+                     count * mult > static_cast<size_t>(std::numeric_limits<int64_t>::max()) / esz))
+    bad_arg(cat(what, "=", count, " overflows: ", count, " x ", mult, " elements of ", esz, " bytes"));
+  return count * mult * esz;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), nranks_(nranks), secret_(id.secret) {
+  if (nranks < 1) bad_arg(cat("nranks=", nranks, " must be at least 1"));
+  if (rank < 0 || rank >= nranks) bad_arg(cat("rank=", rank, " is out of range [0, ", nranks, ")"));
+  slice_bytes_ = static_cast<size_t>(param_int(Param::SliceBytes));
+  if (slice_bytes_ < 64 || slice_bytes_ > (size_t{1} << 30))
+    bad_arg(cat("CHORUS_SLICE_BYTES=", slice_bytes_, " must be between 64 and 1G"));
+  fifo_depth_ = static_cast<int>(param_int(Param::FifoDepth));
+  if (fifo_depth_ < 2 || fifo_depth_ > 64)
+    bad_arg(cat("CHORUS_FIFO_DEPTH=", fifo_depth_, " must be between 2 and 64 (steps that receive and send need 2)"));
+  nchannels_ = static_cast<int>(param_int(Param::NChannels));
+  if (nchannels_ < 1 || nchannels_ > 32) bad_arg(cat("CHORUS_NCHANNELS=", nchannels_, " must be between 1 and 32"));
+  timeout_ms_ = param_int(Param::TimeoutMs);
+  if (timeout_ms_ <= 0) bad_arg(cat("CHORUS_TIMEOUT_MS=", timeout_ms_, " must be positive"));
+  comm_id_ = fnv1a(id.secret.data(), id.secret.size(), fnv1a(&id.root, sizeof(id.root)));
+
+  for (const std::string& name : split_list(param_str(Param::Transports)))
+    transports_.push_back(make_transport(name, secret_));
+  if (transports_.empty()) bad_arg("CHORUS_TRANSPORTS lists no transport");
+  PeerInfo self = local_peer_info(rank);
+  for (auto& t : transports_) t->describe(self);
+
+  bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_));
+  for (const Blob& b : bootstrap_->peer_info()) peers_.push_back(PeerInfo::deserialize(b));
+  p2p_sent_.assign(nranks, 0);
+  p2p_recvd_.assign(nranks, 0);
+  CHORUS_INFO(Core, "rank %d/%d: communicator %016llx ready (slice %zu bytes, fifo depth %d, %d channel(s))", rank,
+              nranks, static_cast<unsigned long long>(comm_id_), slice_bytes_, fifo_depth_, nchannels_);
+}
+
+CommImpl::~CommImpl() {
+  {
+    std::unique_lock<std::mutex> lock(q_mu_);
+    stop_ = true;
+    q_cv_.notify_all();
+  }
+  if (worker_.joinable()) worker_.join();
+}
+
+CommImpl::Guard::Guard(CommImpl& c) : c_(c) {
+  std::thread::id none{};
+  if (!c.owner_.compare_exchange_strong(none, std::this_thread::get_id()) &&
+      none != std::this_thread::get_id())
+    throw Error(chorusInvalidUsage, Subsys::Core,
+                cat("rank ", c.rank_, ": communicator used by two threads at once (one thread at a time)"));
+}
+
+CommImpl::Guard::~Guard() { c_.owner_.store(std::thread::id{}); }
+
+void CommImpl::validate(const CollArgs& a) const {
+  const int n = nranks_;
+  if (a.coll != Coll::SendRecv && a.coll != Coll::Barrier) {
+    if (!dtype_valid(a.dtype)) bad_arg(cat("datatype=", static_cast<int>(a.dtype), " is not a valid chorusDataType_t"));
+  }
+  if (is_reduction(a.coll)) {
+    int op = static_cast<int>(a.op);
+    if (op < 0 || (op >= chorusNumOps && premul_.find(op) == premul_.end()))
+      bad_arg(cat("op=", op, " is not a valid chorusRedOp_t or a live pre-multiplied sum of this communicator"));
+    if (op >= chorusNumOps && premul_.at(op).dtype != a.dtype)
+      bad_arg(cat("op=", op, " was created for ", dtype_name(premul_.at(op).dtype), ", not ", dtype_name(a.dtype)));
+  }
+  if (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) {
+    if (a.root < 0 || a.root >= n) bad_arg(cat("root=", a.root, " is out of range [0, ", n, ")"));
+  }
+  auto need = [&](const void* p, size_t bytes, const char* name) {
+    if (p == nullptr && bytes > 0) bad_arg(cat(name, " is NULL with a non-zero count"));
+  };
+  switch (a.coll) {
+    case Coll::AllReduce: {
+      size_t b = checked_bytes(a.count, 1, a.dtype, "count");
+      need(a.send, b, "sendbuff");
+      need(a.recv, b, "recvbuff");
+      break;
+    }
+    case Coll::Broadcast: {
+      size_t b = checked_bytes(a.count, 1, a.dtype, "count");
+      if (rank_ == a.root) need(a.send, b, "sendbuff");
+      need(a.recv, b, "recvbuff");
+      break;
+    }
+    case Coll::Reduce: {
+      size_t b = checked_bytes(a.count, 1, a.dtype, "count");
+      need(a.send, b, "sendbuff");
+      if (rank_ == a.root) need(a.recv, b, "recvbuff");
+      break;
+    }
+    case Coll::AllGather: {
+      need(a.send, checked_bytes(a.count, 1, a.dtype, "sendcount"), "sendbuff");
+      need(a.recv, checked_bytes(a.count, n, a.dtype, "sendcount"), "recvbuff");
+      if (a.send && a.send != a.recv) {
+        // In place means sendbuff == recvbuff + rank * sendcount; other overlaps are errors.
+        auto* r = static_cast<const std::byte*>(a.recv);
+        auto* s = static_cast<const std::byte*>(a.send);
+        size_t blk = a.count * dtype_size(a.dtype);
+        if (s != r + rank_ * blk && s < r + n * blk && s + blk > r)
+          bad_arg("sendbuff overlaps recvbuff but is not recvbuff + rank * sendcount (in place)");
+      }
+      break;
+    }
+    case Coll::ReduceScatter: {
+      need(a.send, checked_bytes(a.count, n, a.dtype, "recvcount"), "sendbuff");
+      need(a.recv, checked_bytes(a.count, 1, a.dtype, "recvcount"), "recvbuff");
+      break;
+    }
+    case Coll::AllToAll: {
+      size_t b = checked_bytes(a.count, n, a.dtype, "count");
+      need(a.send, b, "sendbuff");
+      need(a.recv, b, "recvbuff");
+      break;
+    }
+    case Coll::AllToAllv: {
+      if (a.sendcounts.size() != static_cast<size_t>(n) || a.recvcounts.size() != static_cast<size_t>(n) ||
+          a.sdispls.size() != static_cast<size_t>(n) || a.rdispls.size() != static_cast<size_t>(n))
+        bad_arg("sendcounts, sdispls, recvcounts and rdispls must be non-NULL arrays of nranks entries");
+      bool any_send = false, any_recv = false;
+      for (int i = 0; i < n; ++i) {
+        checked_bytes(a.sendcounts[i], 1, a.dtype, "sendcounts[i]");
+        checked_bytes(a.recvcounts[i], 1, a.dtype, "recvcounts[i]");
+        checked_bytes(a.sdispls[i] + a.sendcounts[i], 1, a.dtype, "sdispls[i] + sendcounts[i]");
+        checked_bytes(a.rdispls[i] + a.recvcounts[i], 1, a.dtype, "rdispls[i] + recvcounts[i]");
+        any_send |= a.sendcounts[i] > 0;
+        any_recv |= a.recvcounts[i] > 0;
+      }
+      need(a.send, any_send, "sendbuff");
+      need(a.recv, any_recv, "recvbuff");
+      if (a.send != nullptr && a.send == a.recv) bad_arg("all-to-allv in place (sendbuff == recvbuff) is not supported");
+      break;
+    }
+    case Coll::SendRecv:
+      for (const P2POp& op : a.p2p) {
+        if (!dtype_valid(op.dtype)) bad_arg(cat("datatype=", static_cast<int>(op.dtype), " is not valid"));
+        if (op.peer < 0 || op.peer >= n) bad_arg(cat("peer=", op.peer, " is out of range [0, ", n, ")"));
+        need(op.buf, checked_bytes(op.count, 1, op.dtype, "count"), op.is_send ? "sendbuff" : "recvbuff");
+      }
+      break;
+    case Coll::Barrier:
+      break;
+    case Coll::Count:
+      bad_arg("invalid collective");
+  }
+}
+
+void CommImpl::check_abort() const {
+  if (aborted_.load(std::memory_order_relaxed))
+    throw Error(chorusInvalidUsage, Subsys::Core, cat("rank ", rank_, ": communicator was aborted"));
+  if (bootstrap_->failed()) {
+    PeerFailure f = bootstrap_->failure();
+    throw Error(chorusRemoteError, Subsys::Core, cat("rank ", rank_, ": peer failure: ", f.text));
+  }
+}
+
+void CommImpl::fail(const Error& e) {
+  std::lock_guard<std::mutex> lock(err_mu_);
+  if (broken_ != chorusSuccess) return;
+  broken_ = e.code();
+  broken_text_ = e.what();
+  // Tell everyone, unless the failure came from elsewhere and is already known.
+  if (!bootstrap_->failed() && !aborted_) bootstrap_->report_failure(broken_text_);
+}
+
+chorusResult_t CommImpl::async_error(std::string* text) const {
+  std::lock_guard<std::mutex> lock(err_mu_);
+  if (broken_ == chorusSuccess && bootstrap_->failed()) {
+    if (text) *text = bootstrap_->failure().text;
+    return chorusRemoteError;
+  }
+  if (text) *text = broken_text_;
+  return broken_;
+}
+
+void CommImpl::abort() {
+  aborted_ = true;
+  bootstrap_->abort();
+  {
+    std::lock_guard<std::mutex> lock(err_mu_);
+    if (broken_ == chorusSuccess) {
+      broken_ = chorusInvalidUsage;
+      broken_text_ = cat("rank ", rank_, ": communicator was aborted");
+    }
+  }
+}
+
+Transport& CommImpl::choose_transport(int peer) {
+  for (auto& t : transports_)
+    if (t->can_connect(peers_[rank_], peers_[peer])) return *t;
+  throw Error(chorusSystemError, Subsys::Transport,
+              cat("rank ", rank_, ": no transport in CHORUS_TRANSPORTS='", param_str(Param::Transports),
+                  "' can reach rank ", peer));
+}
+
+void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed, Deadline deadline) {
+  std::vector<std::pair<int, int>> missing;
+  for (const auto& pc : needed)
+    if (!conns_.count(pc)) missing.push_back(pc);
+  if (missing.empty()) return;
+  // Lower peers first: as the higher rank we connect (tcp) and waits only point to lower ranks, so none cycle.
+  std::sort(missing.begin(), missing.end());
+  auto spec_of = [&](int peer, int ch) {
+    ConnectSpec s;
+    s.comm_id = comm_id_;
+    s.rank = rank_;
+    s.peer = peer;
+    s.channel = ch;
+    s.slot_bytes = slice_bytes_;
+    s.fifo_depth = fifo_depth_;
+    s.peer_info = &peers_[peer];
+    return s;
+  };
+  std::vector<Transport*> chosen;
+  for (auto [peer, ch] : missing) {
+    Transport& t = choose_transport(peer);
+    chosen.push_back(&t);
+    std::vector<std::byte> data = t.prepare(spec_of(peer, ch));
+    std::string name = t.name();
+    Blob msg(name.size() + 1 + data.size());
+    std::memcpy(msg.data(), name.c_str(), name.size() + 1);
+    if (!data.empty()) std::memcpy(msg.data() + name.size() + 1, data.data(), data.size());
+    bootstrap_->send(peer, kTagConnect, msg);
+  }
+  for (size_t i = 0; i < missing.size(); ++i) {
+    auto [peer, ch] = missing[i];
+    Blob msg = bootstrap_->recv(peer, kTagConnect, deadline);
+    auto nul = std::find(msg.begin(), msg.end(), std::byte{0});
+    std::string name(reinterpret_cast<const char*>(msg.data()), static_cast<size_t>(nul - msg.begin()));
+    if (nul == msg.end() || name != chosen[i]->name())
+      throw Error(chorusInvalidUsage, Subsys::Transport,
+                  cat("rank ", rank_, ": rank ", peer, " chose transport '", name, "' but this rank chose '",
+                      chosen[i]->name(), "' (CHORUS_TRANSPORTS differs between ranks?)"));
+    std::vector<std::byte> data(nul + 1, msg.end());
+    conns_[{peer, ch}] = chosen[i]->connect(spec_of(peer, ch), data, deadline);
+    conn_transport_[{peer, ch}] = name;
+    CHORUS_INFO(Transport, "rank %d: connected to rank %d channel %d over %s", rank_, peer, ch, name.c_str());
+  }
+  for (auto [peer, ch] : missing) bootstrap_->send(peer, kTagConnected, {});
+  for (size_t i = 0; i < missing.size(); ++i) {
+    auto [peer, ch] = missing[i];
+    bootstrap_->recv(peer, kTagConnected, deadline);
+    chosen[i]->finish(spec_of(peer, ch));
+  }
+}
+
+void CommImpl::run(const CollArgs& a) {
+  {
+    std::lock_guard<std::mutex> lock(err_mu_);
+    if (broken_ != chorusSuccess) throw Error(broken_, Subsys::Core, broken_text_);
+  }
+  check_abort();
+  const Deadline deadline = Deadline::after_ms(timeout_ms_);
+  const int n = nranks_, nch = nchannels_;
+  const size_t esz = a.coll == Coll::SendRecv ? 1 : dtype_size(a.coll == Coll::Barrier ? chorusUint8 : a.dtype);
+
+  std::shared_ptr<const algo::Program> shared_prog;
+  algo::RankProgram p2p_prog;
+  const algo::RankProgram* prog = nullptr;
+  Layout layout;
+  layout.elem_size = esz;
+  WireHeader hdr;
+  hdr.comm_id = comm_id_;
+  hdr.coll = static_cast<uint8_t>(a.coll);
+
+  if (a.coll == Coll::SendRecv) {
+    // Self-sends pair with self-receives in order; everything else becomes one lane per (peer, direction).
+    std::vector<const P2POp*> self_send, self_recv;
+    std::map<std::pair<int, bool>, algo::Lane> lanes;
+    std::vector<std::byte*> in_ptr, out_ptr;
+    std::vector<size_t> in_len, out_len;
+    for (const P2POp& op : a.p2p) {
+      size_t bytes = op.count * dtype_size(op.dtype);
+      if (op.peer == rank_) {
+        (op.is_send ? self_send : self_recv).push_back(&op);
+        continue;
+      }
+      algo::Lane& lane = lanes[{op.peer, op.is_send}];
+      if (op.is_send) {
+        lane.steps.push_back({algo::OpCode::Send, -1, op.peer, {BufKind::Input, static_cast<int>(in_ptr.size())}, {}, false});
+        in_ptr.push_back(static_cast<std::byte*>(op.buf));
+        in_len.push_back(bytes);
+      } else {
+        lane.steps.push_back({algo::OpCode::Recv, op.peer, -1, {}, {BufKind::Output, static_cast<int>(out_ptr.size())}, false});
+        out_ptr.push_back(static_cast<std::byte*>(op.buf));
+        out_len.push_back(bytes);
+      }
+    }
+    if (self_send.size() != self_recv.size())
+      bad_arg(cat("rank ", rank_, ": ", self_send.size(), " send(s) to itself but ", self_recv.size(), " receive(s)"));
+    for (size_t i = 0; i < self_send.size(); ++i) {
+      size_t sb = self_send[i]->count * dtype_size(self_send[i]->dtype);
+      size_t rb = self_recv[i]->count * dtype_size(self_recv[i]->dtype);
+      if (sb != rb) bad_arg(cat("rank ", rank_, ": send to itself of ", sb, " bytes matches a receive of ", rb));
+      if (sb > 0 && self_send[i]->buf != self_recv[i]->buf) std::memcpy(self_recv[i]->buf, self_send[i]->buf, sb);
+    }
+    for (auto& [key, lane] : lanes) p2p_prog.lanes.push_back(std::move(lane));
+    p2p_prog.input = {static_cast<int>(in_ptr.size()), 1};
+    p2p_prog.output = {static_cast<int>(out_ptr.size()), 1};
+    layout.set_blocks(BufKind::Input, in_ptr, in_len, 1);
+    layout.set_blocks(BufKind::Output, out_ptr, out_len, 1);
+    prog = &p2p_prog;
+    hdr.seq = uint64_t{1} << 63;  // p2p is not sequenced with collectives; sizes are still checked per message
+  } else {
+    const algo::AlgorithmInfo& algo_info = algo::default_algorithm(a.coll);
+    shared_prog = algo::get_program(algo_info, {n, a.root, nch});
+    prog = &shared_prog->ranks[rank_];
+    hdr.seq = ++seq_;
+    hdr.count = a.coll == Coll::AllToAllv ? 0 : a.count;
+    hdr.dtype = static_cast<uint8_t>(a.dtype);
+    hdr.op = static_cast<uint8_t>(is_reduction(a.coll) ? std::min<int>(a.op, chorusNumOps) : 0);
+    hdr.root = (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) ? a.root : 0;
+    void* send = const_cast<void*>(a.send);
+    switch (a.coll) {
+      case Coll::AllReduce:
+      case Coll::Barrier:
+        layout.set_uniform(BufKind::Input, send, 1, a.count, n * nch);
+        layout.set_uniform(BufKind::Output, a.recv, 1, a.count, n * nch);
+        break;
+      case Coll::AllGather:
+        layout.set_uniform(BufKind::Input, send, 1, a.count, nch);
+        layout.set_uniform(BufKind::Output, a.recv, n, a.count, nch);
+        break;
+      case Coll::ReduceScatter:
+        layout.set_uniform(BufKind::Input, send, n, a.count, nch);
+        layout.set_uniform(BufKind::Output, a.recv, 1, a.count, nch);
+        break;
+      case Coll::Broadcast:
+      case Coll::Reduce:
+        layout.set_uniform(BufKind::Input, send, 1, a.count, nch);
+        layout.set_uniform(BufKind::Output, a.recv, 1, a.count, nch);
+        break;
+      case Coll::AllToAll:
+        if (send != nullptr && send == a.recv) {
+          // In place: the pairwise exchange would overwrite blocks it has yet to send, so stage the input.
+          size_t bytes = a.count * n * esz;
+          if (scratch_.size() < bytes) scratch_.resize(bytes);
+          std::memcpy(scratch_.data(), send, bytes);
+          send = scratch_.data();
+        }
+        layout.set_uniform(BufKind::Input, send, n, a.count, nch);
+        layout.set_uniform(BufKind::Output, a.recv, n, a.count, nch);
+        break;
+      case Coll::AllToAllv: {
+        std::vector<std::byte*> ip(n), op(n);
+        for (int i = 0; i < n; ++i) {
+          ip[i] = a.send ? static_cast<std::byte*>(send) + a.sdispls[i] * esz : nullptr;
+          op[i] = a.recv ? static_cast<std::byte*>(a.recv) + a.rdispls[i] * esz : nullptr;
+        }
+        layout.set_blocks(BufKind::Input, ip, a.sendcounts, nch);
+        layout.set_blocks(BufKind::Output, op, a.recvcounts, nch);
+        break;
+      }
+      default:
+        throw Error(chorusInternalError, Subsys::Core, "unhandled collective");
+    }
+  }
+
+  std::unique_ptr<kernels::Reducer> reducer;
+  if (is_reduction(a.coll) || a.coll == Coll::Barrier) {
+    kernels::ReduceSpec spec;
+    spec.dtype = a.coll == Coll::Barrier ? chorusUint8 : a.dtype;
+    switch (a.coll == Coll::Barrier ? chorusSum : a.op) {
+      case chorusSum: spec.kind = kernels::ReduceKind::Sum; break;
+      case chorusProd: spec.kind = kernels::ReduceKind::Prod; break;
+      case chorusMax: spec.kind = kernels::ReduceKind::Max; break;
+      case chorusMin: spec.kind = kernels::ReduceKind::Min; break;
+      case chorusAvg: spec.kind = kernels::ReduceKind::Sum; spec.avg_divisor = n; break;
+      default: {
+        const PreMul& pm = premul_.at(a.op);
+        spec.kind = kernels::ReduceKind::Sum;
+        spec.premul = true;
+        spec.scalar_f = pm.f;
+        spec.scalar_i = pm.i;
+      }
+    }
+    reducer = std::make_unique<kernels::Reducer>(spec);
+  }
+
+  std::string what = cat("rank ", rank_, ": ", algo::coll_name(a.coll));
+  if (a.coll != Coll::SendRecv) what += cat(" #", seq_);
+  try {
+    std::set<std::pair<int, int>> needed;
+    for (const algo::Lane& lane : prog->lanes)
+      for (const algo::Step& s : lane.steps) {
+        if (algo::op_receives(s.op)) needed.insert({s.recv_peer, lane.channel});
+        if (algo::op_sends(s.op)) needed.insert({s.send_peer, lane.channel});
+      }
+    ensure_connections({needed.begin(), needed.end()}, deadline);
+
+    ExecPlan plan;
+    plan.program = prog;
+    plan.layout = &layout;
+    plan.reducer = reducer.get();
+    plan.slice_elems = std::max<size_t>(1, slice_bytes_ / esz);
+    plan.header = hdr;
+    plan.deadline = deadline;
+    plan.check_abort = [this] { check_abort(); };
+    plan.what = what;
+    for (const auto& pc : needed) plan.all_conns.push_back(conns_.at(pc).get());
+    plan.conns.resize(prog->lanes.size());
+    for (size_t l = 0; l < prog->lanes.size(); ++l) {
+      const algo::Lane& lane = prog->lanes[l];
+      for (const algo::Step& s : lane.steps) {
+        StepConns c;
+        if (algo::op_receives(s.op)) c.recv = conns_.at({s.recv_peer, lane.channel}).get();
+        if (algo::op_sends(s.op)) c.send = conns_.at({s.send_peer, lane.channel}).get();
+        plan.conns[l].push_back(c);
+      }
+    }
+    execute(plan);
+  } catch (const Error& e) {
+    std::string text = e.what();
+    if (text.rfind("rank ", 0) != 0) text = what + ": " + text;
+    Error named(e.code(), e.subsys(), text, e.where());
+    fail(named);
+    throw named;
+  }
+}
+
+void CommImpl::run_blocking(CollArgs a) {
+  std::shared_ptr<RequestState> req;
+  {
+    std::unique_lock<std::mutex> lock(q_mu_);
+    if (!queue_.empty() || worker_busy_) {
+      req = std::make_shared<RequestState>();
+      queue_.emplace_back(std::move(a), req);
+      q_cv_.notify_all();
+    }
+  }
+  if (!req) {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    run(a);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(req->mu);
+  req->cv.wait(lock, [&] { return req->done; });
+  if (req->result != chorusSuccess) throw Error(req->result, Subsys::Core, req->error);
+}
+
+std::shared_ptr<RequestState> CommImpl::submit(CollArgs a) {
+  auto req = std::make_shared<RequestState>();
+  std::unique_lock<std::mutex> lock(q_mu_);
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  queue_.emplace_back(std::move(a), req);
+  q_cv_.notify_all();
+  return req;
+}
+
+void CommImpl::worker_loop() {
+  std::unique_lock<std::mutex> lock(q_mu_);
+  for (;;) {
+    q_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop requested and the queue drained
+    auto [args, req] = std::move(queue_.front());
+    queue_.pop_front();
+    worker_busy_ = true;
+    lock.unlock();
+    chorusResult_t result = chorusSuccess;
+    std::string error;
+    try {
+      std::lock_guard<std::mutex> exec(exec_mu_);
+      run(args);
+    } catch (const Error& e) {
+      result = e.code();
+      error = e.what();
+    } catch (const std::exception& e) {
+      result = chorusInternalError;
+      error = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> rl(req->mu);
+      req->done = true;
+      req->result = result;
+      req->error = error;
+    }
+    req->cv.notify_all();
+    lock.lock();
+    worker_busy_ = false;
+  }
+}
+
+std::unique_ptr<CommImpl> CommImpl::split(int color, int key) {
+  if (color < 0 && color != CHORUS_SPLIT_NOCOLOR)
+    bad_arg(cat("color=", color, " must be non-negative or CHORUS_SPLIT_NOCOLOR"));
+  Deadline deadline = Deadline::after_ms(timeout_ms_);
+  int32_t mine[2] = {color, key};
+  Blob blob(sizeof(mine));
+  std::memcpy(blob.data(), mine, sizeof(mine));
+  std::vector<Blob> all = bootstrap_->allgather(kTagSplit, blob, deadline);
+  std::vector<std::pair<int32_t, int>> members;  // (key, old rank)
+  for (int r = 0; r < nranks_; ++r) {
+    int32_t theirs[2];
+    std::memcpy(theirs, all[r].data(), sizeof(theirs));
+    if (theirs[0] == color && color != CHORUS_SPLIT_NOCOLOR) members.push_back({theirs[1], r});
+  }
+  if (color == CHORUS_SPLIT_NOCOLOR) return nullptr;
+  std::sort(members.begin(), members.end());
+  int new_rank = 0;
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i].second == rank_) new_rank = static_cast<int>(i);
+  chorusUniqueId raw;
+  if (new_rank == 0) {
+    raw = encode_unique_id(create_unique_id());
+    Blob id(sizeof(raw));
+    std::memcpy(id.data(), &raw, sizeof(raw));
+    for (size_t i = 1; i < members.size(); ++i) bootstrap_->send(members[i].second, kTagSplitId, id);
+  } else {
+    Blob id = bootstrap_->recv(members[0].second, kTagSplitId, deadline);
+    if (id.size() != sizeof(raw)) throw Error(chorusInternalError, Subsys::Core, "split: malformed unique id");
+    std::memcpy(&raw, id.data(), sizeof(raw));
+  }
+  return std::make_unique<CommImpl>(decode_unique_id(raw), static_cast<int>(members.size()), new_rank);
+}
+
+chorusRedOp_t CommImpl::create_premul(const void* scalar, chorusDataType_t dtype) {
+  if (!dtype_valid(dtype)) bad_arg(cat("datatype=", static_cast<int>(dtype), " is not a valid chorusDataType_t"));
+  if (scalar == nullptr) bad_arg("scalar is NULL");
+  PreMul pm;
+  pm.dtype = dtype;
+  switch (dtype) {
+    case chorusInt8: pm.i = *static_cast<const int8_t*>(scalar); break;
+    case chorusUint8: pm.i = *static_cast<const uint8_t*>(scalar); break;
+    case chorusInt32: pm.i = *static_cast<const int32_t*>(scalar); break;
+    case chorusUint32: pm.i = *static_cast<const uint32_t*>(scalar); break;
+    case chorusInt64: pm.i = *static_cast<const int64_t*>(scalar); break;
+    case chorusUint64: pm.i = static_cast<int64_t>(*static_cast<const uint64_t*>(scalar)); break;
+    case chorusFloat64: pm.f = *static_cast<const double*>(scalar); break;
+    case chorusFloat32: pm.f = *static_cast<const float*>(scalar); break;
+    case chorusFloat16: pm.f = kernels::half_to_float(*static_cast<const uint16_t*>(scalar)); break;
+    case chorusBfloat16: pm.f = kernels::bf16_to_float(*static_cast<const uint16_t*>(scalar)); break;
+    case chorusFloat8e4m3: pm.f = kernels::e4m3_to_float(*static_cast<const uint8_t*>(scalar)); break;
+    case chorusFloat8e5m2: pm.f = kernels::e5m2_to_float(*static_cast<const uint8_t*>(scalar)); break;
+    default: bad_arg("invalid datatype");
+  }
+  int id = next_premul_++;
+  premul_[id] = pm;
+  return static_cast<chorusRedOp_t>(id);
+}
+
+void CommImpl::destroy_premul(chorusRedOp_t op) {
+  if (premul_.erase(op) == 0) bad_arg(cat("op=", static_cast<int>(op), " is not a live pre-multiplied sum"));
+}
+
+}  // namespace chorus

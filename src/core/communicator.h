@@ -1,0 +1,140 @@
+// The communicator: owns the bootstrap, the transports and connections, stamps every call with a sequence number
+// and fingerprint, fetches the program and runs it with the executor, inline (blocking calls) or on its worker
+// thread (non-blocking calls). Operations complete in the order they were issued.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algorithms/program.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/unique_id.h"
+#include "core/error.h"
+#include "transports/transport.h"
+
+namespace chorus {
+
+struct P2POp {
+  bool is_send = false;
+  int peer = 0;
+  void* buf = nullptr;
+  size_t count = 0;
+  chorusDataType_t dtype = chorusUint8;
+};
+
+// One call's arguments, validated by CommImpl::validate before anything runs.
+struct CollArgs {
+  algo::Coll coll = algo::Coll::AllReduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;  // elements: all-reduce/broadcast/reduce: count; all-gather: per rank in;
+                     // reduce-scatter: per rank out; all-to-all: per peer
+  chorusDataType_t dtype = chorusFloat32;
+  chorusRedOp_t op = chorusSum;
+  int root = 0;
+  std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // all-to-allv
+  std::vector<P2POp> p2p;                                        // send/recv group
+};
+
+// Completion state of one operation (a chorusRequest_t points to one).
+struct RequestState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  chorusResult_t result = chorusSuccess;
+  std::string error;
+};
+
+class CommImpl {
+ public:
+  // Joins the rendezvous. Throws chorus::Error.
+  CommImpl(const UniqueIdData& id, int nranks, int rank);
+  ~CommImpl();  // waits for queued work, says goodbye
+  CommImpl(const CommImpl&) = delete;
+  CommImpl& operator=(const CommImpl&) = delete;
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+
+  // Throws chorusInvalidArgument naming the bad argument; touches no buffer.
+  void validate(const CollArgs& a) const;
+  // Runs a validated call to completion in this thread (after queued non-blocking work). Throws on failure.
+  void run_blocking(CollArgs a);
+  // Queues a validated call for the worker thread.
+  std::shared_ptr<RequestState> submit(CollArgs a);
+
+  // New communicator of the ranks with the same color, ordered by (key, rank); nullptr for CHORUS_SPLIT_NOCOLOR.
+  std::unique_ptr<CommImpl> split(int color, int key);
+
+  chorusRedOp_t create_premul(const void* scalar, chorusDataType_t dtype);
+  void destroy_premul(chorusRedOp_t op);
+
+  // Local abort: in-flight work fails promptly; peers see this rank as failed.
+  void abort();
+  // chorusSuccess while healthy, else the error that broke the communicator.
+  chorusResult_t async_error(std::string* text) const;
+
+  // One-thread-at-a-time guard for the public API (misuse is chorusInvalidUsage).
+  class Guard {
+   public:
+    explicit Guard(CommImpl& c);
+    ~Guard();
+   private:
+    CommImpl& c_;
+  };
+
+ private:
+  void run(const CollArgs& a);
+  void ensure_connections(const std::vector<std::pair<int, int>>& needed, Deadline deadline);
+  Transport& choose_transport(int peer);
+  void check_abort() const;
+  void fail(const Error& e);
+  void worker_loop();
+
+  int rank_ = 0, nranks_ = 0;
+  uint64_t comm_id_ = 0;
+  Secret secret_{};
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<PeerInfo> peers_;
+  std::map<std::pair<int, int>, std::unique_ptr<Connection>> conns_;
+  std::map<std::pair<int, int>, std::string> conn_transport_;
+  size_t slice_bytes_ = 0;
+  int fifo_depth_ = 0;
+  int nchannels_ = 1;
+  int64_t timeout_ms_ = 0;
+  uint64_t seq_ = 0;
+  std::vector<uint64_t> p2p_sent_, p2p_recvd_;
+  std::vector<std::byte> scratch_;  // staging for in-place all-to-all, reused for the communicator's life
+
+  struct PreMul {
+    double f = 1.0;
+    int64_t i = 1;
+    chorusDataType_t dtype = chorusFloat32;
+  };
+  std::map<int, PreMul> premul_;
+  int next_premul_ = chorusNumOps;
+
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex err_mu_;
+  chorusResult_t broken_ = chorusSuccess;
+  std::string broken_text_;
+
+  std::mutex exec_mu_;  // held while the executor runs (inline or worker)
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<std::pair<CollArgs, std::shared_ptr<RequestState>>> queue_;
+  bool worker_busy_ = false;
+  bool stop_ = false;
+  std::thread worker_;
+  std::atomic<std::thread::id> owner_{};
+};
+
+}  // namespace chorus

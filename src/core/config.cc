@@ -1,0 +1,94 @@
+#include "core/config.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace chorus {
+
+namespace {
+// Order must follow enum Param.
+constexpr ParamInfo kParams[] = {
+    {Param::Debug, "CHORUS_DEBUG", "string", "WARN", "Log level: NONE, WARN, INFO or TRACE."},
+    {Param::DebugSubsys, "CHORUS_DEBUG_SUBSYS", "string", "ALL",
+     "Comma-separated subsystems to log (CORE, BOOTSTRAP, TRANSPORT, RUNTIME, ALGORITHMS, KERNELS, TOPOLOGY, "
+     "TOOLS, ALL); a leading ^ excludes the listed ones."},
+    {Param::DebugFile, "CHORUS_DEBUG_FILE", "string", "",
+     "Write logs to this file instead of stderr; %h is replaced by the host name, %p by the pid."},
+    {Param::TimeoutMs, "CHORUS_TIMEOUT_MS", "int", "300000",
+     "Deadline in milliseconds for every blocking wait (rendezvous, connection, collective progress). A wait "
+     "that passes it fails with chorusTimeout naming the peer that is missing."},
+    {Param::Transports, "CHORUS_TRANSPORTS", "string", "local,shm,tcp",
+     "Transports allowed, in priority order; for each peer the first that can connect is used."},
+    {Param::SocketIfname, "CHORUS_SOCKET_IFNAME", "string", "",
+     "Network interface for bootstrap and tcp (e.g. eth0). Default: the interface that reaches the root, or "
+     "loopback."},
+    {Param::SliceBytes, "CHORUS_SLICE_BYTES", "size", "256K",
+     "Pipelining unit: bytes per message on a connection (and per FIFO slot)."},
+    {Param::FifoDepth, "CHORUS_FIFO_DEPTH", "int", "4", "Slots per connection FIFO (messages in flight)."},
+    {Param::NChannels, "CHORUS_NCHANNELS", "int", "1", "Parallel channels per collective program."},
+    {Param::Rank, "CHORUS_RANK", "int", "", "This process's rank (overrides launcher variables)."},
+    {Param::NRanks, "CHORUS_NRANKS", "int", "", "Number of ranks (overrides launcher variables)."},
+    {Param::LocalRank, "CHORUS_LOCAL_RANK", "int", "", "Rank within this host (overrides launcher variables)."},
+    {Param::RootAddr, "CHORUS_ROOT_ADDR", "string", "",
+     "host:port of the rendezvous root, served by rank 0 (overrides MASTER_ADDR/MASTER_PORT)."},
+    {Param::Secret, "CHORUS_SECRET", "string", "",
+     "32 hex digits shared by all ranks of a job launched from the environment; every connection proves "
+     "knowledge of it. chorusrun sets it."},
+};
+static_assert(std::size(kParams) == static_cast<size_t>(Param::Count));
+}  // namespace
+
+std::span<const ParamInfo> params() { return kParams; }
+
+const ParamInfo& param_info(Param p) {
+  const ParamInfo& info = kParams[static_cast<int>(p)];
+  CHORUS_ASSERT(info.id == p);
+  return info;
+}
+
+bool param_is_set(Param p) {
+  const char* v = std::getenv(param_info(p).name);
+  return v != nullptr && *v != '\0';
+}
+
+std::string param_str(Param p) {
+  const ParamInfo& info = param_info(p);
+  const char* v = std::getenv(info.name);
+  return (v != nullptr && *v != '\0') ? std::string(v) : std::string(info.fallback);
+}
+
+int64_t parse_size(const std::string& text, const char* what) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || errno != 0 || v < 0)
+    throw Error(chorusInvalidArgument, Subsys::Core, cat(what, "='", text, "' is not a non-negative size"));
+  int64_t mult = 1;
+  std::string suffix(end);
+  if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1 << 10;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB") mult = 1 << 20;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB") mult = int64_t{1} << 30;
+  else if (!suffix.empty())
+    throw Error(chorusInvalidArgument, Subsys::Core, cat(what, "='", text, "' has an unknown suffix '", suffix, "'"));
+  if (v > INT64_MAX / mult)
+    throw Error(chorusInvalidArgument, Subsys::Core, cat(what, "='", text, "' is too large"));
+  return v * mult;
+}
+
+int64_t param_int(Param p) {
+  const ParamInfo& info = param_info(p);
+  std::string text = param_str(p);
+  if (text.empty())
+    throw Error(chorusInvalidArgument, Subsys::Core, cat(info.name, " is not set and has no default"));
+  if (std::string(info.type) == "size") return parse_size(text, info.name);
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || errno != 0)
+    throw Error(chorusInvalidArgument, Subsys::Core, cat(info.name, "='", text, "' is not an integer"));
+  return v;
+}
+
+}  // namespace chorus

@@ -1,0 +1,49 @@
+// The one config registry: every CHORUS_* environment variable is declared once in config.cc with its type,
+// default and documentation; chorus-info prints the table. Values are read from the environment at each call
+// (callers read them once, at communicator creation).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace chorus {
+
+enum class Param : int {
+  Debug,
+  DebugSubsys,
+  DebugFile,
+  TimeoutMs,
+  Transports,
+  SocketIfname,
+  SliceBytes,
+  FifoDepth,
+  NChannels,
+  Rank,
+  NRanks,
+  LocalRank,
+  RootAddr,
+  Secret,
+  Count
+};
+
+struct ParamInfo {
+  Param id;
+  const char* name;      // environment variable
+  const char* type;      // "int", "string", "size" (bytes; accepts K, M, G suffixes)
+  const char* fallback;  // default as text ("" for none)
+  const char* doc;
+};
+
+std::span<const ParamInfo> params();
+const ParamInfo& param_info(Param p);
+// The variable's value, or its default. Throws chorus::Error (InvalidArgument, naming the variable) when the text
+// does not parse as the declared type.
+std::string param_str(Param p);
+int64_t param_int(Param p);
+bool param_is_set(Param p);
+
+// Parses "64", "64K", "4M", "1G" (powers of 1024). Throws InvalidArgument naming `what` on bad text.
+int64_t parse_size(const std::string& text, const char* what);
+
+}  // namespace chorus

@@ -1,0 +1,396 @@
+// CPU reduction kernels.
+//
+// Layout: one element function per (format, kind, premul, divide), a block loop around it, and one entry point per
+// (format, kind) that the Reducer stores as a function pointer. The entry points are compiled for several ISAs
+// (target_clones); the loader picks one when the library is loaded, so taking their address already yields the
+// best clone and a reduce() costs one indirect call.
+//
+// Vectorisation rests on two choices that hold at -O2 as well as -O3:
+//  - the hot loop runs over blocks of a compile-time length, so GCC's "very cheap" cost model (the -O2 default)
+//    accepts it without an epilogue, and a short scalar loop finishes the tail;
+//  - `#pragma GCC ivdep` instead of __restrict: dst may be exactly a or b, which is a same-iteration dependence
+//    only, so the loop is still free of loop-carried dependences, and no runtime alias check (which exact aliasing
+//    would fail, falling back to scalar code) is emitted.
+// The 16/8-bit conversions here are branch-free versions of those in float_types.cc (which stay the readable
+// reference); the unit tests check that both give the same bits.
+#include "kernels/cpu/reduce.h"
+
+#include <bit>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <type_traits>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+// Results must not depend on which clone runs (determinism across machines), and the AVX-512 clone may use FMA.
+// Contracting b * scalar + a into an FMA would skip a rounding, so contraction is off for everything below.
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__gnu_linux__)
+#define CHORUS_KERNEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CHORUS_KERNEL_CLONES
+#endif
+#define CHORUS_ALWAYS_INLINE inline __attribute__((always_inline))
+
+namespace chorus::kernels {
+namespace {
+
+// Elements per block of the vectorised loop: a multiple of every vector length in elements (64 bytes of int8).
+constexpr size_t kBlock = 64;
+
+constexpr float pow2f(int e) { return std::bit_cast<float>(static_cast<uint32_t>(e + 127) << 23); }
+
+// ---- Formats: storage type, compute type, and the conversions between them ----
+
+template <typename T>
+struct NativeFloat {
+  using Store = T;
+  using Calc = T;
+  static CHORUS_ALWAYS_INLINE Calc load(Store v) { return v; }
+  static CHORUS_ALWAYS_INLINE Store store(Calc v) { return v; }
+};
+
+// An IEEE-style binary format of kBits bits with kMant stored mantissa bits and bias kBias, widened to fp32.
+// kIeeeSpecials: the all-ones exponent holds inf and NaN (fp16, E5M2); otherwise only S.1111.111 is NaN (E4M3).
+template <typename T, int kBits, int kMant, int kBias, bool kIeeeSpecials>
+struct NarrowFloat {
+  using Store = T;
+  using Calc = float;
+  static constexpr int kShift = 23 - kMant;  // fp32 mantissa bits dropped
+  static constexpr uint32_t kMagMask = (1u << (kBits - 1)) - 1u;
+  static constexpr uint32_t kInfCode = kMagMask >> kMant << kMant;  // all-ones exponent, zero mantissa
+  static constexpr uint32_t kMaxFinite = kIeeeSpecials ? kInfCode - 1u : kMagMask - 1u;
+  static constexpr uint32_t kRebias = static_cast<uint32_t>(127 - kBias) << 23;
+  static constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(127 - kBias + 1) << 23;
+  // Adding this to a value below the smallest normal puts the subnormal step at the fp32 last place, so the FPU
+  // rounds to nearest-even for us; then the low bits are the code.
+  static constexpr float kSubMagic = pow2f(24 - kBias - kMant);
+  static constexpr float kSubScale = pow2f(1 - kBias - kMant);
+
+  static CHORUS_ALWAYS_INLINE float load(Store v) {
+    const uint32_t x = v;
+    const uint32_t sign = (x >> (kBits - 1)) << 31;
+    const uint32_t mag = x & kMagMask;
+    const uint32_t normal = (mag << kShift) + kRebias;
+    // Subnormals: mag * 2^(1 - bias - mant) is exact in fp32.
+    const uint32_t sub = std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(mag)) * kSubScale);
+    uint32_t bits = mag < (1u << kMant) ? sub : normal;
+    if constexpr (kIeeeSpecials) {
+      bits = mag >= kInfCode ? ((mag << kShift) | 0x7f800000u) : bits;  // keeps NaN payloads, as float_types.cc
+    } else {
+      bits = mag == kMagMask ? 0x7fc00000u : bits;
+    }
+    return std::bit_cast<float>(bits | sign);
+  }
+
+  static CHORUS_ALWAYS_INLINE Store store(float f) {
+    const uint32_t x = std::bit_cast<uint32_t>(f);
+    const uint32_t sign = (x >> 31) << (kBits - 1);
+    const uint32_t ax = x & 0x7fffffffu;
+    // Normal range: round to nearest-even by adding just under half a unit plus the kept lsb; a carry out of the
+    // mantissa lands in the exponent. Unsigned wraparound for small ax is harmless: the subnormal path replaces it.
+    uint32_t r = ax - kRebias;
+    r = (r + ((1u << (kShift - 1)) - 1u) + ((r >> kShift) & 1u)) >> kShift;
+    r = r < kMaxFinite + 1u ? r : (kIeeeSpecials ? kInfCode : kMaxFinite);  // overflow: inf, or saturate (E4M3)
+    const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(ax) + kSubMagic) - std::bit_cast<uint32_t>(kSubMagic);
+    r = ax < kMinNormalBits ? sub : r;
+    uint32_t nan;
+    if constexpr (kBits == 16) {
+      nan = 0x7e00u | ((ax & 0x7fffffu) >> kShift);  // quiet, with the top of the payload
+    } else {
+      nan = kIeeeSpecials ? 0x7eu : 0x7fu;
+    }
+    r = ax > 0x7f800000u ? nan : r;
+    return static_cast<Store>(r | sign);
+  }
+};
+
+using Half = NarrowFloat<uint16_t, 16, 10, 15, true>;
+using E4M3 = NarrowFloat<uint8_t, 8, 3, 7, false>;
+using E5M2 = NarrowFloat<uint8_t, 8, 2, 15, true>;
+
+struct Bf16 {
+  using Store = uint16_t;
+  using Calc = float;
+  static CHORUS_ALWAYS_INLINE float load(Store v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
+  static CHORUS_ALWAYS_INLINE Store store(float f) {
+    const uint32_t x = std::bit_cast<uint32_t>(f);
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    return static_cast<Store>((x & 0x7fffffffu) > 0x7f800000u ? ((x >> 16) | 0x40u) : rounded);
+  }
+};
+
+template <typename T>
+struct Integer {
+  using Store = T;
+  using Calc = T;
+  static CHORUS_ALWAYS_INLINE Calc load(Store v) { return v; }
+  static CHORUS_ALWAYS_INLINE Store store(Calc v) { return v; }
+};
+
+// ---- Arithmetic ----
+
+template <typename C>
+using BitsOf = std::conditional_t<sizeof(C) == 4, uint32_t, uint64_t>;
+
+// IEEE 754-2019 minimum/maximum: NaN if either operand is NaN, and -0 < +0. Ordering the zeros makes the result
+// independent of operand order, which keeps min/max bitwise deterministic whichever way a schedule pairs ranks.
+template <typename C>
+CHORUS_ALWAYS_INLINE C float_min(C a, C b) {
+  C r = a < b ? a : b;
+  r = a == b ? std::bit_cast<C>(std::bit_cast<BitsOf<C>>(a) | std::bit_cast<BitsOf<C>>(b)) : r;
+  return a != a ? a : r;  // b NaN already gave b above
+}
+template <typename C>
+CHORUS_ALWAYS_INLINE C float_max(C a, C b) {
+  C r = a > b ? a : b;
+  r = a == b ? std::bit_cast<C>(std::bit_cast<BitsOf<C>>(a) & std::bit_cast<BitsOf<C>>(b)) : r;
+  return a != a ? a : r;
+}
+
+// Integer sums and products wrap: computed in the unsigned type, where overflow is defined (the small types
+// promote to int, whose range holds any 8-bit product), and converted back modulo 2^bits.
+template <typename T>
+CHORUS_ALWAYS_INLINE T wrap_add(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+}
+template <typename T>
+CHORUS_ALWAYS_INLINE T wrap_mul(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+}
+
+template <ReduceKind K, typename C>
+CHORUS_ALWAYS_INLINE C combine(C a, C b) {
+  if constexpr (std::is_floating_point_v<C>) {
+    if constexpr (K == ReduceKind::Sum) return a + b;
+    if constexpr (K == ReduceKind::Prod) return a * b;
+    if constexpr (K == ReduceKind::Max) return float_max(a, b);
+    if constexpr (K == ReduceKind::Min) return float_min(a, b);
+  } else {
+    if constexpr (K == ReduceKind::Sum) return wrap_add(a, b);
+    if constexpr (K == ReduceKind::Prod) return wrap_mul(a, b);
+    if constexpr (K == ReduceKind::Max) return a < b ? b : a;
+    if constexpr (K == ReduceKind::Min) return b < a ? b : a;
+  }
+}
+
+template <typename C>
+CHORUS_ALWAYS_INLINE C premul(C v, C scalar) {
+  if constexpr (std::is_floating_point_v<C>) {
+    return v * scalar;
+  } else {
+    return wrap_mul(v, scalar);
+  }
+}
+
+// Operands of the division: floats divide in their compute type; integers keep the divisor wide, since it need not
+// fit the element type (an 8-bit average over 1000 ranks).
+template <typename C>
+using Divisor = std::conditional_t<std::is_floating_point_v<C>, C, int64_t>;
+
+// Integer division truncating toward zero. x86 has no vector integer division; for types up to 32 bits the
+// quotient through a wider float is exact (a non-integer x/d is at least 1/d away from an integer, more than the
+// rounding error for |x| < 2^23 in fp32 and |x| < 2^52 in fp64), and that vectorises. 64-bit stays scalar.
+template <typename C>
+CHORUS_ALWAYS_INLINE C divide(C x, Divisor<C> d) {
+  if constexpr (std::is_floating_point_v<C>) {
+    return x / d;
+  } else if constexpr (sizeof(C) == 1) {
+    return static_cast<C>(static_cast<int32_t>(static_cast<float>(x) / static_cast<float>(d)));
+  } else if constexpr (sizeof(C) == 4) {
+    return static_cast<C>(static_cast<int64_t>(static_cast<double>(x) / static_cast<double>(d)));
+  } else {
+    return static_cast<C>(x / static_cast<C>(d));
+  }
+}
+
+// ---- Loops ----
+
+template <class F>
+struct Params {
+  typename F::Calc scalar;
+  Divisor<typename F::Calc> divisor;
+};
+
+template <class F>
+Params<F> params_of(const ReduceSpec& spec) {
+  using C = typename F::Calc;
+  Params<F> p{};
+  if constexpr (std::is_floating_point_v<C>) {
+    p.scalar = static_cast<C>(spec.scalar_f);
+    p.divisor = static_cast<C>(spec.avg_divisor);
+  } else {
+    p.scalar = static_cast<C>(spec.scalar_i);  // modulo 2^bits
+    p.divisor = spec.avg_divisor;
+  }
+  return p;
+}
+
+template <class F, ReduceKind K, bool kPremul, bool kDiv>
+CHORUS_ALWAYS_INLINE typename F::Store reduce_elem(typename F::Store a, typename F::Store b, const Params<F>& p) {
+  auto y = F::load(b);
+  if constexpr (kPremul) y = premul(y, p.scalar);
+  auto r = combine<K>(F::load(a), y);
+  if constexpr (kDiv) r = divide(r, p.divisor);
+  return F::store(r);
+}
+
+template <class F, bool kPremul, bool kDiv>
+CHORUS_ALWAYS_INLINE typename F::Store copy_elem(typename F::Store v, const Params<F>& p) {
+  auto r = F::load(v);
+  if constexpr (kPremul) r = premul(r, p.scalar);
+  if constexpr (kDiv) r = divide(r, p.divisor);
+  return F::store(r);
+}
+
+template <class F, ReduceKind K, bool kPremul, bool kDiv>
+CHORUS_ALWAYS_INLINE void reduce_loop(typename F::Store* dst, const typename F::Store* a, const typename F::Store* b,
+                                      size_t n, const Params<F>& p) {
+  const Params<F> q = p;  // a local copy, so stores through dst cannot be assumed to change it
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    typename F::Store* d = dst + i;
+    const typename F::Store* x = a + i;
+    const typename F::Store* y = b + i;
+#pragma GCC ivdep
+    for (size_t j = 0; j < kBlock; ++j) d[j] = reduce_elem<F, K, kPremul, kDiv>(x[j], y[j], q);
+  }
+  for (; i < n; ++i) dst[i] = reduce_elem<F, K, kPremul, kDiv>(a[i], b[i], q);
+}
+
+template <class F, bool kPremul, bool kDiv>
+CHORUS_ALWAYS_INLINE void copy_loop(typename F::Store* dst, const typename F::Store* src, size_t n,
+                                    const Params<F>& p) {
+  const Params<F> q = p;
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    typename F::Store* d = dst + i;
+    const typename F::Store* s = src + i;
+#pragma GCC ivdep
+    for (size_t j = 0; j < kBlock; ++j) d[j] = copy_elem<F, kPremul, kDiv>(s[j], q);
+  }
+  for (; i < n; ++i) dst[i] = copy_elem<F, kPremul, kDiv>(src[i], q);
+}
+
+// ---- Entry points (the function pointers) ----
+
+template <class F, ReduceKind K>
+CHORUS_KERNEL_CLONES void reduce_entry(const ReduceSpec& spec, void* dst, const void* a, const void* b, size_t n,
+                                       bool b_is_input, bool final) {
+  using S = typename F::Store;
+  auto* d = static_cast<S*>(dst);
+  const auto* x = static_cast<const S*>(a);
+  const auto* y = static_cast<const S*>(b);
+  const Params<F> p = params_of<F>(spec);
+  const bool pm = spec.premul && b_is_input;
+  const bool dv = final && spec.avg_divisor > 0;
+  if (pm) {
+    if (dv) {
+      reduce_loop<F, K, true, true>(d, x, y, n, p);
+    } else {
+      reduce_loop<F, K, true, false>(d, x, y, n, p);
+    }
+  } else if (dv) {
+    reduce_loop<F, K, false, true>(d, x, y, n, p);
+  } else {
+    reduce_loop<F, K, false, false>(d, x, y, n, p);
+  }
+}
+
+template <class F>
+CHORUS_KERNEL_CLONES void copy_entry(const ReduceSpec& spec, void* dst, const void* src, size_t n, bool src_is_input,
+                                     bool final) {
+  using S = typename F::Store;
+  auto* d = static_cast<S*>(dst);
+  const auto* s = static_cast<const S*>(src);
+  const Params<F> p = params_of<F>(spec);
+  const bool pm = spec.premul && src_is_input;
+  const bool dv = final && spec.avg_divisor > 0;
+  if (pm && dv) {
+    copy_loop<F, true, true>(d, s, n, p);
+  } else if (pm) {
+    copy_loop<F, true, false>(d, s, n, p);
+  } else if (dv) {
+    copy_loop<F, false, true>(d, s, n, p);
+  } else if (d != s) {
+    std::memcpy(d, s, n * sizeof(S));
+  }
+}
+
+struct Kernels {
+  Reducer::ReduceFn reduce;
+  Reducer::CopyFn copy;
+};
+
+// Returned by value from a table: GCC 12 mistakes the address of an internal-linkage target_clones function, stored
+// through a reference or pointer, for the address of a local (-Wdangling-pointer).
+template <class F>
+Kernels select(ReduceKind kind) {
+  static constexpr Kernels kTable[] = {
+      {&reduce_entry<F, ReduceKind::Sum>, &copy_entry<F>},
+      {&reduce_entry<F, ReduceKind::Prod>, &copy_entry<F>},
+      {&reduce_entry<F, ReduceKind::Max>, &copy_entry<F>},
+      {&reduce_entry<F, ReduceKind::Min>, &copy_entry<F>},
+  };
+  const auto k = static_cast<size_t>(kind);
+  if (k >= std::size(kTable)) {
+    throw Error(chorusInvalidArgument, Subsys::Kernels, cat("reducer: invalid reduction kind ", static_cast<int>(k)));
+  }
+  return kTable[k];
+}
+
+Kernels select(chorusDataType_t dtype, ReduceKind kind) {
+  switch (dtype) {
+    case chorusInt8: return select<Integer<int8_t>>(kind);
+    case chorusUint8: return select<Integer<uint8_t>>(kind);
+    case chorusInt32: return select<Integer<int32_t>>(kind);
+    case chorusUint32: return select<Integer<uint32_t>>(kind);
+    case chorusInt64: return select<Integer<int64_t>>(kind);
+    case chorusUint64: return select<Integer<uint64_t>>(kind);
+    case chorusFloat16: return select<Half>(kind);
+    case chorusFloat32: return select<NativeFloat<float>>(kind);
+    case chorusFloat64: return select<NativeFloat<double>>(kind);
+    case chorusBfloat16: return select<Bf16>(kind);
+    case chorusFloat8e4m3: return select<E4M3>(kind);
+    case chorusFloat8e5m2: return select<E5M2>(kind);
+    case chorusNumTypes: break;
+  }
+  throw Error(chorusInvalidArgument, Subsys::Kernels, cat("reducer: invalid datatype ", static_cast<int>(dtype)));
+}
+
+}  // namespace
+
+Reducer::Reducer(const ReduceSpec& spec) : spec_(spec), elem_(dtype_size(spec.dtype)) {
+  if (spec.avg_divisor < 0) {
+    throw Error(chorusInvalidArgument, Subsys::Kernels, cat("reducer: negative average divisor ", spec.avg_divisor));
+  }
+  const Kernels k = select(spec.dtype, spec.kind);
+  reduce_fn_ = k.reduce;
+  copy_fn_ = k.copy;
+}
+
+void Reducer::reduce(void* dst, const void* a, const void* b, size_t n, bool b_is_input, bool final) const {
+  if (n == 0) return;
+  reduce_fn_(spec_, dst, a, b, n, b_is_input, final);
+}
+
+void Reducer::copy(void* dst, const void* src, size_t n, bool src_is_input, bool final) const {
+  if (n == 0) return;
+  const bool transform = (spec_.premul && src_is_input) || (final && spec_.avg_divisor > 0);
+  if (!transform) {
+    if (dst != src) std::memcpy(dst, src, n * elem_);
+    return;
+  }
+  copy_fn_(spec_, dst, src, n, src_is_input, final);
+}
+
+}  // namespace chorus::kernels

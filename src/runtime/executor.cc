@@ -1,0 +1,281 @@
+#include "runtime/executor.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace chorus {
+
+using algo::BufKind;
+using algo::OpCode;
+using algo::Step;
+
+void Layout::set_uniform(BufKind kind, void* base, int nblocks, size_t block_elems, int parts) {
+  Buffer& b = bufs_[static_cast<int>(kind)];
+  b.block_ptr.resize(nblocks);
+  b.block_elems.assign(nblocks, block_elems);
+  for (int i = 0; i < nblocks; ++i)
+    b.block_ptr[i] = base ? static_cast<std::byte*>(base) + static_cast<size_t>(i) * block_elems * elem_size : nullptr;
+  b.parts = parts;
+}
+
+void Layout::set_blocks(BufKind kind, std::vector<std::byte*> ptrs, std::vector<size_t> elems, int parts) {
+  Buffer& b = bufs_[static_cast<int>(kind)];
+  b.block_ptr = std::move(ptrs);
+  b.block_elems = std::move(elems);
+  b.parts = parts;
+}
+
+Span Layout::chunk(const algo::ChunkRef& ref) const {
+  const Buffer& b = bufs_[static_cast<int>(ref.buf)];
+  const size_t block = static_cast<size_t>(ref.chunk / b.parts), part = static_cast<size_t>(ref.chunk % b.parts);
+  CHORUS_ASSERT(block < b.block_ptr.size());
+  const size_t e = b.block_elems[block];
+  const auto begin = static_cast<size_t>(static_cast<unsigned __int128>(e) * part / b.parts);
+  const auto end = static_cast<size_t>(static_cast<unsigned __int128>(e) * (part + 1) / b.parts);
+  return {b.block_ptr[block] ? b.block_ptr[block] + begin * elem_size : nullptr, end - begin};
+}
+
+std::string describe_header(const WireHeader& h) {
+  std::string s = cat(algo::coll_name(static_cast<algo::Coll>(h.coll)), "(count=", h.count, ", ",
+                      dtype_name(static_cast<chorusDataType_t>(h.dtype)));
+  auto coll = static_cast<algo::Coll>(h.coll);
+  if (coll == algo::Coll::AllReduce || coll == algo::Coll::Reduce || coll == algo::Coll::ReduceScatter)
+    s += cat(", ", op_name(static_cast<chorusRedOp_t>(h.op)));
+  if (coll == algo::Coll::Broadcast || coll == algo::Coll::Reduce) s += cat(", root=", h.root);
+  return s + cat(", seq=", h.seq & ~(uint64_t{1} << 63), ")");
+}
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+struct LaneState {
+  size_t step = 0;
+  size_t slice = 0;
+  size_t max_slices = 1;
+  bool done = false;
+};
+
+class Run {
+ public:
+  explicit Run(const ExecPlan& p) : p_(p), prog_(*p.program) {
+    const size_t nl = prog_.lanes.size();
+    lanes_.resize(nl);
+    nslices_.resize(nl);
+    for (size_t l = 0; l < nl; ++l) {
+      const auto& steps = prog_.lanes[l].steps;
+      nslices_[l].resize(steps.size());
+      size_t mx = 1;
+      for (size_t t = 0; t < steps.size(); ++t) {
+        size_t elems = step_elems(steps[t]);
+        size_t ns = std::max<size_t>(1, (elems + p_.slice_elems - 1) / p_.slice_elems);
+        nslices_[l][t] = ns;
+        mx = std::max(mx, ns);
+      }
+      lanes_[l].max_slices = mx;
+      lanes_[l].done = steps.empty();
+    }
+  }
+
+  void run() {
+    uint64_t idle = 0;
+    auto idle_since = std::chrono::steady_clock::now();
+    for (uint64_t iter = 0;; ++iter) {
+      bool progress = false, all_done = true;
+      for (size_t l = 0; l < lanes_.size(); ++l) {
+        if (lanes_[l].done) continue;
+        progress |= advance(l);
+        all_done &= lanes_[l].done;
+      }
+      if (all_done) break;
+      for (Connection* c : p_.all_conns) progress |= c->progress();
+      if ((iter & 255) == 0 && p_.check_abort) p_.check_abort();
+      if (progress) {
+        idle = 0;
+        continue;
+      }
+      if (idle == 0) idle_since = std::chrono::steady_clock::now();
+      wait_a_little(++idle, idle_since);
+    }
+    // Flush: messages committed to a pumped transport must leave before the call returns.
+    for (uint64_t idle2 = 1;; ++idle2) {
+      bool idle_all = true;
+      for (Connection* c : p_.all_conns) {
+        c->progress();
+        idle_all &= c->send_idle();
+      }
+      if (idle_all) break;
+      wait_a_little(idle2, idle_since);
+    }
+  }
+
+ private:
+  size_t step_elems(const Step& s) const {
+    if (algo::op_writes_dst(s.op)) return p_.layout->chunk(s.dst).elems;
+    if (algo::op_reads_src(s.op)) return p_.layout->chunk(s.src).elems;
+    return 0;
+  }
+
+  void wait_a_little(uint64_t idle, std::chrono::steady_clock::time_point since) {
+    // Spin briefly, then yield: with more ranks than cores, a spinning rank would steal its peer's time slice.
+    if (idle < 64) {
+      cpu_relax();
+      return;
+    }
+    if ((idle & 63) == 0) {
+      if (p_.check_abort) p_.check_abort();
+      if (p_.deadline.passed()) timeout();
+    }
+    if (std::chrono::steady_clock::now() - since > std::chrono::milliseconds(20))
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else
+      sched_yield();
+  }
+
+  [[noreturn]] void timeout() {
+    std::string waiting;
+    for (size_t l = 0; l < lanes_.size() && waiting.empty(); ++l) {
+      if (lanes_[l].done) continue;
+      const Step& s = prog_.lanes[l].steps[lanes_[l].step];
+      const StepConns& c = p_.conns[l][lanes_[l].step];
+      if (c.recv && !c.recv->recv_peek().header)
+        waiting = cat("waiting for data from rank ", s.recv_peer);
+      else if (c.send)
+        waiting = cat("waiting for rank ", s.send_peer, " to free a slot (it is not receiving)");
+      else
+        waiting = "waiting";
+      waiting += cat(" (channel ", prog_.lanes[l].channel, ", step ", lanes_[l].step, " ", algo::opcode_name(s.op),
+                     ", slice ", lanes_[l].slice, ")");
+    }
+    throw Error(chorusTimeout, Subsys::Runtime, cat(p_.what, ": timed out ", waiting));
+  }
+
+  // Runs as many steps of lane l as are ready. Returns true if any ran.
+  bool advance(size_t l) {
+    LaneState& ls = lanes_[l];
+    const auto& steps = prog_.lanes[l].steps;
+    bool moved = false;
+    while (!ls.done) {
+      if (ls.slice < nslices_[l][ls.step]) {
+        if (!try_step(steps[ls.step], p_.conns[l][ls.step], ls.slice)) return moved;
+        moved = true;
+      }
+      if (++ls.step == steps.size()) {
+        ls.step = 0;
+        if (++ls.slice == ls.max_slices) ls.done = true;
+      }
+    }
+    return moved;
+  }
+
+  Span slice_of(const algo::ChunkRef& ref, size_t slice) const {
+    Span c = p_.layout->chunk(ref);
+    size_t begin = std::min(c.elems, slice * p_.slice_elems);
+    size_t n = std::min(c.elems - begin, p_.slice_elems);
+    return {c.ptr ? c.ptr + begin * p_.layout->elem_size : nullptr, n};
+  }
+
+  void check_header(const WireHeader& got, const Step& s, size_t bytes) const {
+    const WireHeader& want = p_.header;
+    if (got.comm_id != want.comm_id || got.seq != want.seq || got.coll != want.coll || got.dtype != want.dtype ||
+        got.op != want.op || got.root != want.root || got.count != want.count) {
+      throw Error(chorusRemoteError, Subsys::Runtime,
+                  cat(p_.what, ": mismatched collective: this rank called ", describe_header(want), " but rank ",
+                      s.recv_peer, " called ", describe_header(got),
+                      got.comm_id != want.comm_id ? " on another communicator" : ""));
+    }
+    if (got.bytes != bytes)
+      throw Error(chorusRemoteError, Subsys::Runtime,
+                  cat(p_.what, ": rank ", s.recv_peer, " sent ", got.bytes, " bytes where ", bytes,
+                      " were expected (per-peer counts disagree)"));
+  }
+
+  bool try_step(const Step& s, const StepConns& c, size_t slice) {
+    MessageView in;
+    std::byte* out = nullptr;
+    if (c.recv) {
+      in = c.recv->recv_peek();
+      if (!in.header) return false;
+    }
+    if (c.send) {
+      out = c.send->send_slot();
+      if (!out) return false;
+    }
+    const kernels::Reducer* red = p_.reducer;
+    const size_t esz = p_.layout->elem_size;
+    Span src, dst;
+    if (algo::op_reads_src(s.op)) src = slice_of(s.src, slice);
+    if (algo::op_writes_dst(s.op)) dst = slice_of(s.dst, slice);
+    const size_t n = algo::op_writes_dst(s.op) ? dst.elems : src.elems;
+    const bool src_input = s.src.buf == BufKind::Input;
+    if (c.recv) check_header(*in.header, s, n * esz);
+    auto copy = [&](std::byte* to, const std::byte* from, bool from_input, bool fin) {
+      if (red) {
+        red->copy(to, from, n, from_input, fin);
+      } else if (to != from && n > 0) {
+        std::memcpy(to, from, n * esz);
+      }
+    };
+    switch (s.op) {
+      case OpCode::Send:
+        copy(out, src.ptr, src_input, false);
+        break;
+      case OpCode::Recv:
+        copy(dst.ptr, in.payload, false, s.final);
+        break;
+      case OpCode::Copy:
+        if (dst.ptr != src.ptr || (red && ((src_input && red->spec().premul) || s.final)))
+          copy(dst.ptr, src.ptr, src_input, s.final);
+        break;
+      case OpCode::RecvReduce:
+        red->reduce(dst.ptr, in.payload, src.ptr, n, src_input, s.final);
+        break;
+      case OpCode::RecvReduceSend:
+        red->reduce(out, in.payload, src.ptr, n, src_input, s.final);
+        break;
+      case OpCode::RecvReduceCopySend:
+        red->reduce(dst.ptr, in.payload, src.ptr, n, src_input, s.final);
+        if (n > 0) std::memcpy(out, dst.ptr, n * esz);
+        break;
+      case OpCode::RecvCopySend:
+        if (n > 0) {
+          std::memcpy(dst.ptr, in.payload, n * esz);
+          std::memcpy(out, in.payload, n * esz);
+        }
+        break;
+    }
+    if (c.send) {
+      WireHeader h = p_.header;
+      h.bytes = static_cast<uint32_t>(n * esz);
+      c.send->send_commit(h);
+    }
+    if (c.recv) c.recv->recv_release();
+    return true;
+  }
+
+  const ExecPlan& p_;
+  const algo::RankProgram& prog_;
+  std::vector<LaneState> lanes_;
+  std::vector<std::vector<size_t>> nslices_;
+};
+
+}  // namespace
+
+void execute(const ExecPlan& plan) {
+  Run run(plan);
+  run.run();
+}
+
+}  // namespace chorus

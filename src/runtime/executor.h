@@ -1,0 +1,73 @@
+// The host executor: runs one rank's program for one call (DESIGN.md, "One collective, end to end", step 5).
+//
+// Chunks are mapped to bytes by a Layout. Every chunk is cut into slices of at most `slice_elems` elements; a lane
+// runs slice-major (slice 0 through all its steps, then slice 1, ...), so step i of slice s waits only for slice s
+// of its inputs while neighbours already work on slice s+1: that is the pipelining. Lanes progress concurrently
+// in one thread; a step runs when its message has arrived and its outgoing slot is free, and the reduction is
+// fused with the copy into the outgoing slot (zero-copy receive, one pass over the data per hop).
+//
+// Errors: a mismatched header (another collective, count, dtype, op or root) throws chorusRemoteError showing both
+// fingerprints; a deadline throws chorusTimeout naming the peer waited for; `check_abort` is polled and throws
+// when the communicator failed or was aborted. Thread-safety: one call at a time per communicator.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "algorithms/program.h"
+#include "core/deadline.h"
+#include "kernels/cpu/reduce.h"
+#include "transports/transport.h"
+
+namespace chorus {
+
+struct Span {
+  std::byte* ptr = nullptr;
+  size_t elems = 0;
+};
+
+// Chunk -> bytes for one call: each buffer is a list of blocks (pointer, elements), each cut into `parts` chunks
+// of balanced sizes (they differ by at most one element).
+class Layout {
+ public:
+  struct Buffer {
+    std::vector<std::byte*> block_ptr;
+    std::vector<size_t> block_elems;
+    int parts = 1;
+  };
+  // `nblocks` consecutive blocks of `block_elems` elements from `base`.
+  void set_uniform(algo::BufKind kind, void* base, int nblocks, size_t block_elems, int parts);
+  void set_blocks(algo::BufKind kind, std::vector<std::byte*> ptrs, std::vector<size_t> elems, int parts);
+  Span chunk(const algo::ChunkRef& ref) const;
+  size_t elem_size = 1;
+
+ private:
+  Buffer bufs_[3];
+};
+
+struct StepConns {
+  Connection* recv = nullptr;
+  Connection* send = nullptr;
+};
+
+struct ExecPlan {
+  const algo::RankProgram* program = nullptr;
+  const Layout* layout = nullptr;
+  const kernels::Reducer* reducer = nullptr;  // nullptr: the collective only copies
+  size_t slice_elems = 1;
+  WireHeader header;                            // template for every message (bytes filled per message)
+  std::vector<std::vector<StepConns>> conns;    // [lane][step]
+  std::vector<Connection*> all_conns;           // every connection used (pumped and flushed)
+  Deadline deadline = Deadline::never();
+  std::function<void()> check_abort;            // throws when the communicator failed or was aborted
+  std::string what;                             // "rank 2: AllReduce #5" for error messages
+};
+
+void execute(const ExecPlan& plan);
+
+// "AllReduce(count=10, float, sum, root=0)" from a header, for mismatch reports.
+std::string describe_header(const WireHeader& h);
+
+}  // namespace chorus

@@ -1,0 +1,57 @@
+// Test helper: n ranks as threads of this process, each with its own communicator (the local transport joins
+// them), created once per rank count and reused by every test in the process.
+#pragma once
+
+#include <chorus/chorus.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace chorus::test {
+
+class World {
+ public:
+  explicit World(int n) : comms_(n, nullptr) {
+    chorusUniqueId id;
+    EXPECT_EQ(chorusGetUniqueId(&id), chorusSuccess) << chorusGetLastError(nullptr);
+    run_threads([&](int r) {
+      ASSERT_EQ(chorusCommInitRank(&comms_[r], n, id, r), chorusSuccess) << chorusGetLastError(nullptr);
+    });
+  }
+  ~World() {
+    run_threads([&](int r) {
+      if (comms_[r]) {
+        EXPECT_EQ(chorusCommDestroy(comms_[r]), chorusSuccess);
+      }
+    });
+  }
+  int size() const { return static_cast<int>(comms_.size()); }
+  chorusComm_t comm(int r) const { return comms_[r]; }
+
+  // Runs fn(rank, comm) on every rank at once, one thread each.
+  void run(const std::function<void(int, chorusComm_t)>& fn) {
+    run_threads([&](int r) { fn(r, comms_[r]); });
+  }
+
+  // The world of n ranks shared by the tests of this process.
+  static World& get(int n) {
+    static std::map<int, std::unique_ptr<World>> worlds;
+    auto& w = worlds[n];
+    if (!w) w = std::make_unique<World>(n);
+    return *w;
+  }
+
+ private:
+  void run_threads(const std::function<void(int)>& fn) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size(); ++r) threads.emplace_back([&, r] { fn(r); });
+    for (auto& t : threads) t.join();
+  }
+  std::vector<chorusComm_t> comms_;
+};
+
+}  // namespace chorus::test

@@ -1,0 +1,249 @@
+// The correctness matrix over the local transport (ranks as threads): every collective x ranks {1,2,3,4,5,7,8} x
+// counts {0, 1, nranks-1, large} x in place and out of place x root {0, last} x every dtype and op where defined.
+// Every rank holds distinct data and checks its own result. "large" is 1000003 elements in the largest buffer of a
+// rank: the count itself for all-reduce, broadcast and reduce; ceil(1000003 / nranks) per rank for all-gather,
+// reduce-scatter and all-to-all(v), whose buffers hold nranks blocks.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "tests/common/data.h"
+#include "tests/common/world.h"
+
+namespace chorus::test {
+namespace {
+
+enum class CollT { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, AllToAllv };
+const char* coll_t_name(CollT c) {
+  static const char* n[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllToAll", "AllToAllv"};
+  return n[static_cast<int>(c)];
+}
+bool reduces(CollT c) { return c == CollT::AllReduce || c == CollT::Reduce || c == CollT::ReduceScatter; }
+bool rooted(CollT c) { return c == CollT::Broadcast || c == CollT::Reduce; }
+
+constexpr size_t kLarge = 1000003;
+
+// Buffers reused across cases: fresh pages cost far more than the collectives (MACHINE-NOTES.md).
+struct Pool {
+  std::vector<std::vector<std::byte>> in, out, want;
+  void size(int n, size_t in_bytes, size_t out_bytes) {
+    in.resize(n);
+    out.resize(n);
+    want.resize(n);
+    for (int r = 0; r < n; ++r) {
+      if (in[r].size() < in_bytes + 64) in[r].resize(in_bytes + 64);
+      if (out[r].size() < out_bytes + 64) out[r].resize(out_bytes + 64);
+      if (want[r].size() < out_bytes + 64) want[r].resize(out_bytes + 64);
+    }
+  }
+};
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+// all-to-allv: elements rank i sends to rank j.
+size_t v_count(size_t count, int i, int j) { return count == 0 ? 0 : count * (1 + (i + 2 * j) % 3) / 2 + (i * j) % 2; }
+
+struct Case {
+  CollT coll;
+  int n;
+  size_t count;  // per the API: all-gather sendcount, reduce-scatter recvcount, all-to-all per peer
+  bool in_place;
+  int root;
+  chorusDataType_t t;
+  TestOp op;
+  std::string str() const {
+    return std::string(coll_t_name(coll)) + " n=" + std::to_string(n) + " count=" + std::to_string(count) +
+           (in_place ? " in-place" : " out-of-place") + " root=" + std::to_string(root) + " " +
+           std::to_string(static_cast<int>(t)) + "/" + test_op_name(op);
+  }
+};
+
+void run_case(World& w, const Case& c) {
+  const int n = c.n;
+  const size_t esz = type_size(c.t), count = c.count;
+  const bool uns = is_unsigned(c.t);
+  // Elements of each rank's input and output buffers.
+  size_t in_elems = count, out_elems = count;
+  std::vector<std::vector<size_t>> sdispl(n, std::vector<size_t>(n)), rdispl(n, std::vector<size_t>(n));
+  std::vector<std::vector<size_t>> scount(n, std::vector<size_t>(n)), rcount(n, std::vector<size_t>(n));
+  switch (c.coll) {
+    case CollT::AllGather: out_elems = count * n; break;
+    case CollT::ReduceScatter: in_elems = count * n; break;
+    case CollT::AllToAll: in_elems = out_elems = count * n; break;
+    case CollT::AllToAllv: {
+      // Blocks packed with a one-element gap, so displacements matter.
+      in_elems = out_elems = 0;
+      for (int i = 0; i < n; ++i) {
+        size_t s = 0, r = 0;
+        for (int j = 0; j < n; ++j) {
+          scount[i][j] = v_count(count, i, j);
+          sdispl[i][j] = s;
+          s += scount[i][j] + 1;
+          rcount[i][j] = v_count(count, j, i);
+          rdispl[i][j] = r;
+          r += rcount[i][j] + 1;
+        }
+        in_elems = std::max(in_elems, s);
+        out_elems = std::max(out_elems, r);
+      }
+      break;
+    }
+    default: break;
+  }
+  Pool& p = pool();
+  p.size(n, in_elems * esz, std::max(in_elems, out_elems) * esz);
+  // Inputs (the in-place forms put them where the API expects them).
+  for (int r = 0; r < n; ++r) {
+    void* in = p.in[r].data();
+    for (size_t i = 0; i < in_elems; ++i) store(c.t, in, i, static_cast<double>(test_value(c.op, r, i, uns)));
+    std::memset(p.out[r].data(), 0xA5, std::max(in_elems, out_elems) * esz);
+    if (c.in_place) {
+      switch (c.coll) {
+        case CollT::AllGather: std::memcpy(p.out[r].data() + r * count * esz, in, count * esz); break;
+        case CollT::Broadcast:
+        case CollT::Reduce:
+          std::memcpy(p.out[r].data(), in, count * esz);
+          break;
+        default: std::memcpy(p.out[r].data(), in, in_elems * esz); break;
+      }
+    }
+  }
+  // Expected outputs.
+  std::vector<int64_t> vals(n);
+  for (int r = 0; r < n; ++r) {
+    void* want = p.want[r].data();
+    switch (c.coll) {
+      case CollT::AllReduce:
+      case CollT::Reduce:
+        if (c.coll == CollT::Reduce && r != c.root) {
+          // Untouched: the sentinel, or the input in place.
+          std::memcpy(want, c.in_place ? p.in[r].data() : p.out[r].data(), count * esz);
+          break;
+        }
+        for (size_t i = 0; i < count; ++i) {
+          for (int q = 0; q < n; ++q) vals[q] = test_value(c.op, q, i, uns);
+          store_reduced(c.t, c.op, vals.data(), n, want, i);
+        }
+        break;
+      case CollT::ReduceScatter:
+        for (size_t i = 0; i < count; ++i) {
+          for (int q = 0; q < n; ++q) vals[q] = test_value(c.op, q, r * count + i, uns);
+          store_reduced(c.t, c.op, vals.data(), n, want, i);
+        }
+        break;
+      case CollT::Broadcast:
+        std::memcpy(want, p.in[c.root].data(), count * esz);
+        break;
+      case CollT::AllGather:
+        for (int b = 0; b < n; ++b) std::memcpy(static_cast<std::byte*>(want) + b * count * esz, p.in[b].data(), count * esz);
+        break;
+      case CollT::AllToAll:
+        for (int b = 0; b < n; ++b)
+          std::memcpy(static_cast<std::byte*>(want) + b * count * esz, p.in[b].data() + r * count * esz, count * esz);
+        break;
+      case CollT::AllToAllv:
+        std::memset(want, 0xA5, out_elems * esz);
+        for (int b = 0; b < n; ++b)
+          std::memcpy(static_cast<std::byte*>(want) + rdispl[r][b] * esz, p.in[b].data() + sdispl[b][r] * esz,
+                      rcount[r][b] * esz);
+        break;
+    }
+  }
+
+  w.run([&](int r, chorusComm_t comm) {
+    std::byte* in = p.in[r].data();
+    std::byte* out = p.out[r].data();
+    chorusRedOp_t op = chorusSum;
+    if (reduces(c.coll)) {
+      switch (c.op) {
+        case TestOp::Sum: op = chorusSum; break;
+        case TestOp::Prod: op = chorusProd; break;
+        case TestOp::Max: op = chorusMax; break;
+        case TestOp::Min: op = chorusMin; break;
+        case TestOp::Avg: op = chorusAvg; break;
+        case TestOp::PreMulSum: {
+          std::byte scalar[8];
+          store(c.t, scalar, 0, kPreMulScalar);
+          ASSERT_EQ(chorusRedOpCreatePreMulSum(&op, scalar, c.t, chorusScalarHostImmediate, comm), chorusSuccess)
+              << chorusGetLastError(comm);
+          break;
+        }
+      }
+    }
+    const void* send = c.in_place ? out : in;
+    chorusResult_t res = chorusInternalError;
+    switch (c.coll) {
+      case CollT::AllReduce: res = chorusAllReduce(send, out, count, c.t, op, comm, nullptr); break;
+      case CollT::Broadcast: res = chorusBroadcast(send, out, count, c.t, c.root, comm, nullptr); break;
+      case CollT::Reduce: res = chorusReduce(send, out, count, c.t, op, c.root, comm, nullptr); break;
+      case CollT::AllGather:
+        res = chorusAllGather(c.in_place ? out + r * count * esz : in, out, count, c.t, comm, nullptr);
+        break;
+      case CollT::ReduceScatter:
+        res = chorusReduceScatter(c.in_place ? out : in, c.in_place ? out + r * count * esz : out, count, c.t, op,
+                                  comm, nullptr);
+        break;
+      case CollT::AllToAll: res = chorusAllToAll(send, out, count, c.t, comm, nullptr); break;
+      case CollT::AllToAllv:
+        res = chorusAllToAllv(in, scount[r].data(), sdispl[r].data(), out, rcount[r].data(), rdispl[r].data(), c.t,
+                              comm, nullptr);
+        break;
+    }
+    if (c.op == TestOp::PreMulSum && reduces(c.coll)) {
+      EXPECT_EQ(chorusRedOpDestroy(op, comm), chorusSuccess);
+    }
+    ASSERT_EQ(res, chorusSuccess) << c.str() << " rank " << r << ": " << chorusGetLastError(comm);
+    const std::byte* got = (c.coll == CollT::ReduceScatter && c.in_place) ? out + r * count * esz : out;
+    size_t check = c.coll == CollT::ReduceScatter ? count : out_elems;
+    int64_t bad = first_mismatch(c.t, c.op, got, p.want[r].data(), check);
+    ASSERT_EQ(bad, -1) << c.str() << " rank " << r << ": element " << bad << " is " << load(c.t, got, bad)
+                       << ", expected " << load(c.t, p.want[r].data(), bad);
+  });
+}
+
+class Collectives : public ::testing::TestWithParam<std::tuple<CollT, int>> {};
+
+TEST_P(Collectives, Matrix) {
+  const auto [coll, n] = GetParam();
+  World& w = World::get(n);
+  std::vector<size_t> counts = {0, 1, static_cast<size_t>(n - 1)};
+  const bool blocks = coll == CollT::AllGather || coll == CollT::ReduceScatter || coll == CollT::AllToAll ||
+                      coll == CollT::AllToAllv;
+  counts.push_back(blocks ? (kLarge + n - 1) / n : kLarge);
+  std::vector<int> roots = {0};
+  if (rooted(coll) && n > 1) roots.push_back(n - 1);
+  for (size_t count : counts) {
+    for (bool in_place : {false, true}) {
+      if (in_place && coll == CollT::AllToAllv) continue;  // not supported (documented)
+      for (int root : roots) {
+        for (chorusDataType_t t : kAllTypes) {
+          for (TestOp op : kAllOps) {
+            if (!reduces(coll) && op != TestOp::Sum) continue;
+            Case c{coll, n, count, in_place, root, t, op};
+            SCOPED_TRACE(c.str());
+            run_case(w, c);
+            if (HasFatalFailure() || HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Local, Collectives,
+                         ::testing::Combine(::testing::Values(CollT::AllReduce, CollT::Broadcast, CollT::Reduce,
+                                                              CollT::AllGather, CollT::ReduceScatter,
+                                                              CollT::AllToAll, CollT::AllToAllv),
+                                            ::testing::Values(1, 2, 3, 4, 5, 7, 8)),
+                         [](const auto& info) {
+                           return std::string(coll_t_name(std::get<0>(info.param))) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "ranks";
+                         });
+
+}  // namespace
+}  // namespace chorus::test

@@ -1,0 +1,61 @@
+// A single-producer single-consumer FIFO of fixed-size slots laid out in one memory region: the shared core of
+// the local (threads) and shm (processes) transports. The sender writes a slot then publishes it by advancing
+// `head` (release); the receiver reads it in place and frees it by advancing `tail` (release). The region may be
+// process-shared memory: it holds only lock-free atomics and bytes.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "transports/transport.h"
+
+namespace chorus {
+
+class SlotFifo {
+ public:
+  // Bytes a region needs for `depth` slots of `slot_bytes` payload each.
+  static size_t region_bytes(size_t slot_bytes, int depth);
+  // Lays the FIFO over `region` (64-byte aligned, region_bytes() long); `initialize` on exactly one side.
+  SlotFifo(void* region, size_t slot_bytes, int depth, bool initialize);
+
+  std::byte* send_slot();                    // nullptr when full
+  void send_commit(const WireHeader& header);
+  MessageView recv_peek();                   // {nullptr, nullptr} when empty
+  void recv_release();
+
+ private:
+  struct alignas(64) Control {
+    alignas(64) std::atomic<uint64_t> head;
+    alignas(64) std::atomic<uint64_t> tail;
+  };
+  static_assert(std::atomic<uint64_t>::is_always_lock_free);
+  static constexpr size_t kHeaderSpace = 64;  // WireHeader padded to a cache line, so payloads stay aligned
+
+  std::byte* slot(uint64_t i) const { return slots_ + (i % depth_) * stride_; }
+
+  Control* ctl_;
+  std::byte* slots_;
+  size_t stride_;
+  uint64_t depth_;
+  // Each side's own copy of the counter it advances, and a cached view of the other side's.
+  uint64_t head_ = 0, tail_ = 0, cached_tail_ = 0, cached_head_ = 0;
+};
+
+// A Connection over two SlotFifos (one per direction) living in memory kept alive by `keepalive`.
+class FifoConnection : public Connection {
+ public:
+  FifoConnection(int peer, int channel, size_t slot_bytes, SlotFifo send, SlotFifo recv,
+                 std::shared_ptr<void> keepalive)
+      : Connection(peer, channel, slot_bytes), send_(send), recv_(recv), keepalive_(std::move(keepalive)) {}
+  std::byte* send_slot() override { return send_.send_slot(); }
+  void send_commit(const WireHeader& h) override { send_.send_commit(h); }
+  MessageView recv_peek() override { return recv_.recv_peek(); }
+  void recv_release() override { recv_.recv_release(); }
+
+ private:
+  SlotFifo send_, recv_;
+  std::shared_ptr<void> keepalive_;
+};
+
+}  // namespace chorus

@@ -1,0 +1,141 @@
+// shm: processes on one host. The lower rank of a pair creates one POSIX shared-memory segment (mode 0600,
+// O_EXCL) holding a SlotFifo per direction and sends its name through the bootstrap; the higher rank maps it; once
+// both are connected the name is unlinked, so nothing is left in /dev/shm even if a process dies later.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <random>
+#include <utility>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "transports/fifo.h"
+#include "transports/transports.h"
+
+namespace chorus {
+
+namespace {
+
+struct Mapping {
+  void* addr = MAP_FAILED;
+  size_t bytes = 0;
+  ~Mapping() {
+    if (addr != MAP_FAILED) munmap(addr, bytes);
+  }
+};
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::shared_ptr<Mapping> map_segment(int fd, size_t bytes, const std::string& name) {
+  auto m = std::make_shared<Mapping>();
+  m->addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m->addr == MAP_FAILED)
+    throw Error(chorusSystemError, Subsys::Transport, cat("shm: mmap of ", name, " failed: ", errno_text()));
+  m->bytes = bytes;
+  return m;
+}
+
+class ShmTransport : public Transport {
+ public:
+  const char* name() const override { return "shm"; }
+  bool can_connect(const PeerInfo& self, const PeerInfo& peer) const override {
+    return self.host_id == peer.host_id;
+  }
+
+  std::vector<std::byte> prepare(const ConnectSpec& s) override {
+    if (s.rank > s.peer) return {};
+    static std::atomic<uint64_t> counter{0};
+    std::random_device rd;
+    std::string name = cat("/chorus-", getpid(), "-", counter++, "-", std::hex, (uint64_t{rd()} << 32) | rd());
+    const size_t one = SlotFifo::region_bytes(s.slot_bytes, s.fifo_depth);
+    int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) throw Error(chorusSystemError, Subsys::Transport, cat("shm: shm_open ", name, ": ", errno_text()));
+    if (ftruncate(fd, static_cast<off_t>(2 * one)) != 0) {
+      int e = errno;
+      close(fd);
+      shm_unlink(name.c_str());
+      throw Error(chorusSystemError, Subsys::Transport,
+                  cat("shm: cannot size ", name, " to ", 2 * one, " bytes: ", std::strerror(e)));
+    }
+    std::shared_ptr<Mapping> m;
+    try {
+      m = map_segment(fd, 2 * one, name);
+    } catch (...) {
+      close(fd);
+      shm_unlink(name.c_str());
+      throw;
+    }
+    close(fd);
+    auto* base = static_cast<std::byte*>(m->addr);
+    SlotFifo(base, s.slot_bytes, s.fifo_depth, true);
+    SlotFifo(base + one, s.slot_bytes, s.fifo_depth, true);
+    pending_[{s.peer, s.channel}] = {name, m};
+    std::vector<std::byte> data(name.size());
+    std::memcpy(data.data(), name.data(), name.size());
+    return data;
+  }
+
+  std::unique_ptr<Connection> connect(const ConnectSpec& s, const std::vector<std::byte>& peer_data,
+                                      Deadline) override {
+    const size_t one = SlotFifo::region_bytes(s.slot_bytes, s.fifo_depth);
+    std::shared_ptr<Mapping> m;
+    const bool lower = s.rank < s.peer;
+    if (lower) {
+      auto it = pending_.find({s.peer, s.channel});
+      CHORUS_ASSERT(it != pending_.end());
+      m = it->second.second;
+    } else {
+      if (peer_data.empty() || peer_data.size() > 255)
+        throw Error(chorusRemoteError, Subsys::Transport, cat("shm: rank ", s.peer, " sent no valid segment name"));
+      std::string name(reinterpret_cast<const char*>(peer_data.data()), peer_data.size());
+      int fd = shm_open(name.c_str(), O_RDWR, 0600);
+      if (fd < 0)
+        throw Error(chorusSystemError, Subsys::Transport,
+                    cat("shm: cannot open segment ", name, " of rank ", s.peer, ": ", errno_text()));
+      struct stat st {};
+      if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != 2 * one) {
+        close(fd);
+        throw Error(chorusRemoteError, Subsys::Transport,
+                    cat("shm: segment ", name, " of rank ", s.peer, " has the wrong size (slice or FIFO depth "
+                        "settings differ between ranks?)"));
+      }
+      try {
+        m = map_segment(fd, 2 * one, name);
+      } catch (...) {
+        close(fd);
+        throw;
+      }
+      close(fd);
+    }
+    auto* base = static_cast<std::byte*>(m->addr);
+    SlotFifo send(base + (lower ? 0 : one), s.slot_bytes, s.fifo_depth, false);
+    SlotFifo recv(base + (lower ? one : 0), s.slot_bytes, s.fifo_depth, false);
+    return std::make_unique<FifoConnection>(s.peer, s.channel, s.slot_bytes, send, recv, m);
+  }
+
+  void finish(const ConnectSpec& s) override {
+    auto it = pending_.find({s.peer, s.channel});
+    if (it == pending_.end()) return;
+    shm_unlink(it->second.first.c_str());
+    pending_.erase(it);
+  }
+
+  ~ShmTransport() override {
+    for (auto& [key, v] : pending_) shm_unlink(v.first.c_str());
+  }
+
+ private:
+  std::map<std::pair<int, int>, std::pair<std::string, std::shared_ptr<Mapping>>> pending_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_shm_transport() { return std::make_unique<ShmTransport>(); }
+
+}  // namespace chorus
