@@ -23,23 +23,30 @@ class SlotFifo {
   void send_commit(const WireHeader& header);
   MessageView recv_peek();                   // {nullptr, nullptr} when empty
   void recv_release();
+  // Sleep (futex) until the other side advances its counter or `timeout_us` passes. With more ranks than cores
+  // a waiting rank must give its core to the rank it waits for.
+  void wait_recv(int timeout_us);
+  void wait_send(int timeout_us);
 
  private:
+  // Counters are 32-bit so they can be futex words; they wrap, and only differences (at most depth) are used.
   struct alignas(64) Control {
-    alignas(64) std::atomic<uint64_t> head;
-    alignas(64) std::atomic<uint64_t> tail;
+    alignas(64) std::atomic<uint32_t> head;
+    std::atomic<uint32_t> head_waiting;  // the receiver sleeps on head
+    alignas(64) std::atomic<uint32_t> tail;
+    std::atomic<uint32_t> tail_waiting;  // the sender sleeps on tail
   };
-  static_assert(std::atomic<uint64_t>::is_always_lock_free);
+  static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4);
   static constexpr size_t kHeaderSpace = 64;  // WireHeader padded to a cache line, so payloads stay aligned
 
-  std::byte* slot(uint64_t i) const { return slots_ + (i % depth_) * stride_; }
+  std::byte* slot(uint32_t i) const { return slots_ + (i % depth_) * stride_; }
 
   Control* ctl_;
   std::byte* slots_;
   size_t stride_;
-  uint64_t depth_;
+  uint32_t depth_;
   // Each side's own copy of the counter it advances, and a cached view of the other side's.
-  uint64_t head_ = 0, tail_ = 0, cached_tail_ = 0, cached_head_ = 0;
+  uint32_t head_ = 0, tail_ = 0, cached_tail_ = 0, cached_head_ = 0;
 };
 
 // A Connection over two SlotFifos (one per direction) living in memory kept alive by `keepalive`.
@@ -52,6 +59,8 @@ class FifoConnection : public Connection {
   void send_commit(const WireHeader& h) override { send_.send_commit(h); }
   MessageView recv_peek() override { return recv_.recv_peek(); }
   void recv_release() override { recv_.recv_release(); }
+  void wait_recv(int timeout_us) override { recv_.wait_recv(timeout_us); }
+  void wait_send(int timeout_us) override { send_.wait_send(timeout_us); }
 
  private:
   SlotFifo send_, recv_;

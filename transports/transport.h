@@ -62,6 +62,10 @@ class Connection {
   virtual bool progress() { return false; }
   // True when every committed message has left this process (tcp: written to the socket).
   virtual bool send_idle() const { return true; }
+  // Block until a message may have arrived (wait_recv) or a slot may have freed (wait_send), or `timeout_us`
+  // passes. Spurious returns are fine: the executor re-checks.
+  virtual void wait_recv(int timeout_us) = 0;
+  virtual void wait_send(int timeout_us) = 0;
 
  protected:
   Connection(int peer, int channel, size_t slot_bytes) : peer_(peer), channel_(channel), slot_bytes_(slot_bytes) {}

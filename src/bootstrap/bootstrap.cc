@@ -33,7 +33,7 @@ constexpr int kByeCloseMs = 2000;
 
 struct Frame {
   FrameHeader header;
-  std::vector<uint8_t> payload;
+  Blob payload;  // a Blob, so that a delivered message is handed over without a copy
 };
 
 // Reads one root-to-rank frame. The root is authenticated, but its lengths are still bounded so that a corrupt
@@ -76,9 +76,24 @@ bool wait_readable(const Socket& sock, Deadline deadline) {
   }
 }
 
-std::string text_of(const std::vector<uint8_t>& payload) { return std::string(payload.begin(), payload.end()); }
+std::string text_of(const Blob& payload) {
+  return std::string(reinterpret_cast<const char*>(payload.data()), payload.size());
+}
 
-bool is_connection_closed(const Error& e) { return std::strstr(e.what(), "closed by peer") != nullptr; }
+std::vector<Blob> blobs_of(const Blob& list, size_t count) {
+  return decode_blobs(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(list.data()), list.size()), count);
+}
+
+// Blocks until `sock` is readable; true when the peer has closed the connection cleanly between frames.
+bool closed_between_frames(const Socket& sock) {
+  wait_readable(sock, Deadline::never());
+  for (;;) {
+    uint8_t byte;
+    ssize_t n = ::recv(sock.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    return n == 0;
+  }
+}
 
 class RootBootstrap final : public Bootstrap {
  public:
@@ -124,9 +139,7 @@ class RootBootstrap final : public Bootstrap {
     check_size(mine, "allgather blob");
     const std::string what = cat("the bootstrap allgather with tag ", tag);
     send_frame(MsgType::Allgather, -1, tag, mine.data(), mine.size(), what);
-    Blob list = take(MsgType::Allgather, -1, tag, deadline, what);
-    const auto* p = reinterpret_cast<const uint8_t*>(list.data());
-    return decode_blobs(std::span<const uint8_t>(p, list.size()), static_cast<size_t>(nranks_));
+    return blobs_of(take(MsgType::Allgather, -1, tag, deadline, what), static_cast<size_t>(nranks_));
   }
 
   void barrier(uint32_t tag, Deadline deadline) override {
@@ -138,7 +151,8 @@ class RootBootstrap final : public Bootstrap {
   void send(int peer, uint32_t tag, const Blob& data) override {
     check_peer(peer);
     check_size(data, "bootstrap message");
-    send_frame(MsgType::P2p, peer, tag, data.data(), data.size(), cat("a bootstrap send to rank ", peer, " (tag ", tag, ")"));
+    send_frame(MsgType::P2p, peer, tag, data.data(), data.size(),
+               cat("a bootstrap send to rank ", peer, " (tag ", tag, ")"));
   }
 
   Blob recv(int peer, uint32_t tag, Deadline deadline) override {
@@ -253,14 +267,23 @@ class RootBootstrap final : public Bootstrap {
   void service_loop() {
     for (;;) {
       Frame f;
+      bool ended = false;
+      std::string why;  // empty when the root closed cleanly between frames
       try {
-        f = read_frame(sock_, Deadline::never());
+        ended = closed_between_frames(sock_);
+        if (!ended) f = read_frame(sock_, Deadline::never());
       } catch (const Error& e) {
+        ended = true;
+        why = e.what();
+      }
+      if (ended) {
         {
           std::lock_guard<std::mutex> lock(mu_);
+          // Leaving or aborted: this end is expected. Otherwise the root (or its process) is gone, and with it
+          // every rank's control plane.
           if (state_ == State::Running) {
             std::string text = cat("the bootstrap root (", root_text_, ") closed the connection");
-            if (!is_connection_closed(e)) text += cat(": ", e.what());
+            if (!why.empty()) text += cat(": ", why);
             CHORUS_WARN(Bootstrap, "rank %d: %s", rank_, text.c_str());
             set_failure_locked(0, std::move(text));
           }
@@ -289,8 +312,7 @@ class RootBootstrap final : public Bootstrap {
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
-        const auto* p = reinterpret_cast<const std::byte*>(f.payload.data());
-        mailbox_[*key].emplace_back(p, p + f.payload.size());
+        mailbox_[*key].push_back(std::move(f.payload));
       }
       cv_.notify_all();
     }
@@ -355,7 +377,9 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
   const auto start = std::chrono::steady_clock::now();
 
   // Every step names the rank, so that with many ranks logging at once the reader knows whose error it is.
-  auto with_rank = [&](const Error& e) { return Error(e.code(), Subsys::Bootstrap, cat("rank ", rank, ": ", e.what())); };
+  auto with_rank = [&](const Error& e) {
+    return Error(e.code(), Subsys::Bootstrap, cat("rank ", rank, ": ", e.what()));
+  };
   Socket sock;
   try {
     sock = Socket::connect(id.root, deadline);
@@ -379,13 +403,12 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
                nranks);
 
   for (;;) {
+    if (!wait_readable(sock, deadline)) give_up_join(sock, rank, root_text, start);
     Frame f;
     try {
-      if (!wait_readable(sock, deadline)) give_up_join(sock, rank, root_text, start);
       // A frame, once started, arrives whole: finish it even if the join deadline passes meanwhile.
       f = read_frame(sock, Deadline::after_ms(io_timeout_ms));
     } catch (const Error& e) {
-      if (e.code() == chorusTimeout) throw;
       throw Error(e.code(), Subsys::Bootstrap,
                   cat("rank ", rank, ": lost the bootstrap root at ", root_text, " during the rendezvous: ", e.what()));
     }
@@ -393,7 +416,7 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
       case MsgType::Rendezvous: {
         std::vector<Blob> peers;
         try {
-          peers = decode_blobs(f.payload, static_cast<size_t>(nranks));
+          peers = blobs_of(f.payload, static_cast<size_t>(nranks));
         } catch (const Error& e) {
           throw with_rank(e);
         }
@@ -406,7 +429,8 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
         if (code != chorusInvalidArgument && code != chorusInvalidUsage && code != chorusRemoteError)
           code = chorusInvalidArgument;
         throw Error(code, Subsys::Bootstrap,
-                    cat("rank ", rank, ": the bootstrap root at ", root_text, " refused the join: ", text_of(f.payload)));
+                    cat("rank ", rank, ": the bootstrap root at ", root_text, " refused the join: ",
+                        text_of(f.payload)));
       }
       case MsgType::Failure:
         throw Error(chorusRemoteError, Subsys::Bootstrap,

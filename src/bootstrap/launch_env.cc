@@ -151,10 +151,11 @@ LaunchEnv read_launch_env() {
       break;
     }
   }
-  const char* none = nullptr;
-  Value rank = pick(Param::Rank, launcher ? launcher->rank : none, none);
-  Value nranks = pick(Param::NRanks, launcher ? launcher->size : none, launcher ? launcher->size_alt : none);
-  Value local = pick(Param::LocalRank, launcher ? launcher->local_rank : none, launcher ? launcher->local_rank_alt : none);
+  static constexpr Launcher kNoLauncher = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  const Launcher& l = launcher != nullptr ? *launcher : kNoLauncher;
+  Value rank = pick(Param::Rank, l.rank, nullptr);
+  Value nranks = pick(Param::NRanks, l.size, l.size_alt);
+  Value local = pick(Param::LocalRank, l.local_rank, l.local_rank_alt);
   if (rank.name == nullptr)
     bad("cannot tell this process's rank: set CHORUS_RANK, CHORUS_NRANKS, CHORUS_ROOT_ADDR and CHORUS_SECRET, or "
         "start it with chorusrun, torchrun, mpirun, srun or a PMI launcher");

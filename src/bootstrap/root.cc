@@ -5,15 +5,19 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <thread>
 
 #include "bootstrap/auth.h"
 #include "bootstrap/socket.h"
+#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -86,16 +90,30 @@ std::vector<uint8_t> make_frame(MsgType type, int32_t from, int32_t to, uint32_t
   return frame;
 }
 
-std::vector<uint8_t> encode_blobs(const std::vector<Blob>& blobs) {
+namespace {
+
+template <typename Blobs>
+size_t blob_list_bytes(const Blobs& blobs) {
   size_t total = 0;
-  for (const Blob& b : blobs) total += 8 + b.size();
-  std::vector<uint8_t> out(total);
-  uint8_t* p = out.data();
-  for (const Blob& b : blobs) {
+  for (const auto& b : blobs) total += 8 + b.size();
+  return total;
+}
+
+// Writes the blob list at `p`, which has room for blob_list_bytes(blobs).
+template <typename Blobs>
+void write_blob_list(const Blobs& blobs, uint8_t* p) {
+  for (const auto& b : blobs) {
     put_u64(p, b.size());
     if (!b.empty()) std::memcpy(p + 8, b.data(), b.size());
     p += 8 + b.size();
   }
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_blobs(const std::vector<Blob>& blobs) {
+  std::vector<uint8_t> out(blob_list_bytes(blobs));
+  write_blob_list(blobs, out.data());
   return out;
 }
 
@@ -124,7 +142,9 @@ namespace {
 
 struct Registry {
   std::mutex mu;
+  std::condition_variable cv;
   int running = 0;
+  int busy = 0;  // services with a joined rank still connected
 };
 
 Registry& registry() {
@@ -140,6 +160,8 @@ constexpr int32_t kMaxRanks = 1 << 24;
 constexpr int kFramesPerWake = 64;
 // How long a refused joiner gets to read its Reject before its connection is closed anyway.
 constexpr int kRejectLingerMs = 2000;
+// How long to stop accepting after accept() failed for lack of resources.
+constexpr int kAcceptPauseMs = 100;
 
 std::string rank_ranges(const std::vector<int>& ranks) {
   std::string out;
@@ -201,7 +223,7 @@ class RootService {
 
   // Allgather / barrier rounds of one (type, tag): the k-th contribution of each rank belongs to round k.
   struct Round {
-    std::vector<Blob> blobs;
+    std::vector<std::vector<uint8_t>> blobs;  // the payloads as received: gathering copies nothing
     std::vector<bool> have;
     int count = 0;
   };
@@ -210,7 +232,7 @@ class RootService {
     std::vector<pollfd> pfds;
     for (;;) {
       pfds.clear();
-      if (listener_.valid()) pfds.push_back({listener_.fd(), POLLIN, 0});
+      if (listener_.valid() && accept_pause_.passed()) pfds.push_back({listener_.fd(), POLLIN, 0});
       const size_t base = pfds.size();
       const size_t polled = conns_.size();
       for (const auto& c : conns_) {
@@ -238,7 +260,13 @@ class RootService {
       close_overflowed();
       expire_deadlines();
       std::erase_if(conns_, [](const std::unique_ptr<Conn>& c) { return c->state == ConnState::Closed; });
-      if (finished()) return;
+      set_busy(std::any_of(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& c) {
+        return c->state == ConnState::Joined && !c->said_bye;
+      }));
+      if (finished()) {
+        set_busy(false);
+        return;
+      }
     }
   }
 
@@ -252,6 +280,7 @@ class RootService {
 
   int next_timeout_ms() const {
     int ms = 1000;  // also bounds how late a deadline check can be
+    if (!accept_pause_.passed()) ms = std::min(ms, accept_pause_.remaining_ms() + 1);
     for (const auto& c : conns_) {
       if (c->state == ConnState::Joined) continue;
       int left = c->deadline.remaining_ms();
@@ -263,7 +292,17 @@ class RootService {
   void accept_all() {
     for (;;) {
       sockaddr_storage peer{};
-      Socket s = listener_.try_accept(&peer);
+      Socket s;
+      try {
+        s = listener_.try_accept(&peer);
+      } catch (const Error& e) {
+        // Out of descriptors or memory: the ranks already connected must go on. The listener stays readable, so
+        // pause accepting instead of spinning on it.
+        CHORUS_WARN(Bootstrap, "root %s: %s; not accepting connections for %d ms", addr_.c_str(), e.what(),
+                    kAcceptPauseMs);
+        accept_pause_ = Deadline::after_ms(kAcceptPauseMs);
+        return;
+      }
       if (!s.valid()) return;
       auto c = std::make_unique<Conn>();
       c->sock = std::move(s);
@@ -291,7 +330,8 @@ class RootService {
       } else {
         CHORUS_WARN(Bootstrap, "root %s: refused connection from %s: %s within %d ms", addr_.c_str(),
                     c->peer.c_str(),
-                    c->state == ConnState::Authenticating ? "it did not authenticate" : "it authenticated but did not join",
+                    c->state == ConnState::Authenticating ? "it did not authenticate"
+                                                          : "it authenticated but did not join",
                     options_.auth_timeout_ms);
         close_conn(*c);
       }
@@ -437,10 +477,9 @@ class RootService {
       nranks_ = n;
       first_rank_ = rank;
       joined_.assign(n, false);
-      left_.assign(n, false);
       by_rank_.assign(n, nullptr);
       rank_peer_.assign(n, std::string());
-      join_blobs_.assign(n, Blob());
+      join_blobs_.assign(n, {});
     }
     c.state = ConnState::Joined;
     c.rank = rank;
@@ -448,8 +487,7 @@ class RootService {
     joined_[rank] = true;
     by_rank_[rank] = &c;
     rank_peer_[rank] = c.peer;
-    const auto* start = reinterpret_cast<const std::byte*>(payload.data());
-    join_blobs_[rank].assign(start, start + payload.size());
+    join_blobs_[rank] = std::move(payload);
     ++njoined_;
     CHORUS_INFO(Bootstrap, "root %s: rank %d of %d joined from %s (%d joined)", addr_.c_str(), rank, n,
                 c.peer.c_str(), njoined_);
@@ -457,16 +495,16 @@ class RootService {
   }
 
   void complete_rendezvous() {
-    std::vector<uint8_t> list = encode_blobs(join_blobs_);
+    Buffer frame = blob_list_frame(MsgType::Rendezvous, 0, join_blobs_);
     join_blobs_.clear();
     join_blobs_.shrink_to_fit();
-    if (list.size() > kMaxRootPayload) {
-      fail(-1, cat("the rendezvous at ", addr_, " failed: the ranks' info blobs total ", list.size(),
-                   " bytes, over the limit of ", kMaxRootPayload));
+    if (frame == nullptr) {
+      fail(-1, cat("the rendezvous at ", addr_, " failed: the ranks' info blobs total over the limit of ",
+                   kMaxRootPayload, " bytes"));
       return;
     }
     phase_ = Phase::Complete;
-    broadcast(make_buffer(MsgType::Rendezvous, -1, -1, 0, list.data(), list.size()));
+    broadcast(frame);
     CHORUS_INFO(Bootstrap, "root %s: rendezvous complete, %d ranks", addr_.c_str(), nranks_);
     // Nobody else can join: stop listening, and drop strangers still authenticating.
     listener_.close();
@@ -475,7 +513,8 @@ class RootService {
   }
 
   void on_gather(Conn& c, const FrameHeader& h, std::vector<uint8_t> payload) {
-    if (phase_ != Phase::Complete) return protocol_error(c, cat("sent ", msg_type_name(h.type), " before the rendezvous"));
+    if (phase_ != Phase::Complete)
+      return protocol_error(c, cat("sent ", msg_type_name(h.type), " before the rendezvous"));
     const uint64_t key = (uint64_t{h.type} << 32) | h.tag;
     std::deque<Round>& rounds = rounds_[key];
     auto it = std::find_if(rounds.begin(), rounds.end(), [&](const Round& r) { return !r.have[c.rank]; });
@@ -485,20 +524,18 @@ class RootService {
       it->blobs.resize(nranks_);
       it->have.assign(nranks_, false);
     }
-    const auto* start = reinterpret_cast<const std::byte*>(payload.data());
-    it->blobs[c.rank].assign(start, start + payload.size());
+    it->blobs[c.rank] = std::move(payload);
     it->have[c.rank] = true;
     ++it->count;
     while (!rounds.empty() && rounds.front().count == nranks_) {
       if (static_cast<MsgType>(h.type) == MsgType::Barrier) {
         broadcast(make_buffer(MsgType::BarrierResult, -1, -1, h.tag, nullptr, 0));
       } else {
-        std::vector<uint8_t> list = encode_blobs(rounds.front().blobs);
-        if (list.size() > kMaxRootPayload)
-          fail(-1, cat("allgather with tag ", h.tag, " gathered ", list.size(), " bytes, over the limit of ",
-                       kMaxRootPayload));
+        Buffer frame = blob_list_frame(MsgType::AllgatherResult, h.tag, rounds.front().blobs);
+        if (frame == nullptr)
+          fail(-1, cat("the allgather with tag ", h.tag, " gathered over the limit of ", kMaxRootPayload, " bytes"));
         else
-          broadcast(make_buffer(MsgType::AllgatherResult, -1, -1, h.tag, list.data(), list.size()));
+          broadcast(frame);
       }
       rounds.pop_front();
     }
@@ -510,10 +547,9 @@ class RootService {
     if (h.to < 0 || h.to >= nranks_) return protocol_error(c, cat("sent P2p to rank ", h.to, " of ", nranks_));
     Conn* dest = by_rank_[h.to];
     if (dest == nullptr) {
-      // A dead destination was already reported to everyone; a departed one is the sender's mistake.
-      if (left_[h.to])
-        CHORUS_WARN(Bootstrap, "root %s: dropped a message from rank %d to rank %d (tag %u): rank %d has left",
-                    addr_.c_str(), c.rank, h.to, h.tag, h.to);
+      // The destination left or died (a death was already reported to everyone): nobody can receive it.
+      CHORUS_WARN(Bootstrap, "root %s: dropped a message from rank %d to rank %d (tag %u): rank %d has left",
+                  addr_.c_str(), c.rank, h.to, h.tag, h.to);
       return;
     }
     enqueue(*dest, make_buffer(MsgType::Deliver, c.rank, h.to, h.tag, payload.data(), payload.size()));
@@ -544,6 +580,13 @@ class RootService {
   }
 
   void peer_gone(Conn& c, const std::string& os_error) {
+    if (c.state == ConnState::Joined && phase_ == Phase::Failed) {
+      // The rendezvous failed and every joined rank was told so: their leaving is the expected consequence.
+      CHORUS_INFO(Bootstrap, "root %s: rank %d (%s) left the failed rendezvous", addr_.c_str(), c.rank,
+                  c.peer.c_str());
+      close_conn(c);
+      return;
+    }
     if (c.state == ConnState::Joined && !c.said_bye && !c.reported) {
       c.reported = true;
       std::string text = cat("rank ", c.rank, " (", c.peer,
@@ -574,10 +617,7 @@ class RootService {
   // Marks `c` closed (the sweep in loop() releases it), and forgets its rank's connection.
   void close_conn(Conn& c) {
     if (c.state == ConnState::Closed) return;
-    if (c.state == ConnState::Joined) {
-      by_rank_[c.rank] = nullptr;
-      left_[c.rank] = true;
-    }
+    if (c.state == ConnState::Joined) by_rank_[c.rank] = nullptr;
     c.state = ConnState::Closed;
     c.out.clear();
     c.out_bytes = 0;
@@ -589,6 +629,17 @@ class RootService {
   static Buffer make_buffer(MsgType type, int32_t from, int32_t to, uint32_t tag, const void* payload,
                             size_t bytes) {
     return std::make_shared<const std::vector<uint8_t>>(make_frame(type, from, to, tag, payload, bytes));
+  }
+
+  // A frame carrying `blobs` as a blob list, built in one pass (one copy of each blob); nullptr when the result
+  // would exceed kMaxRootPayload.
+  static Buffer blob_list_frame(MsgType type, uint32_t tag, const std::vector<std::vector<uint8_t>>& blobs) {
+    const size_t bytes = blob_list_bytes(blobs);
+    if (bytes > kMaxRootPayload) return nullptr;
+    auto frame = std::make_shared<std::vector<uint8_t>>(kFrameHeaderBytes + bytes);
+    encode_header(FrameHeader{static_cast<uint32_t>(type), -1, -1, tag, bytes}, frame->data());
+    write_blob_list(blobs, frame->data() + kFrameHeaderBytes);
+    return frame;
   }
 
   void broadcast(const Buffer& frame) {
@@ -648,20 +699,47 @@ class RootService {
   Phase phase_ = Phase::Gathering;
   int nranks_ = 0;  // set by the first Join
   int first_rank_ = -1;
+  void set_busy(bool busy) {
+    if (busy == busy_) return;
+    busy_ = busy;
+    std::lock_guard<std::mutex> lock(registry().mu);
+    registry().busy += busy ? 1 : -1;
+    registry().cv.notify_all();
+  }
+
+  bool busy_ = false;
   int njoined_ = 0;
   std::vector<bool> joined_;          // ever joined
-  std::vector<bool> left_;            // joined, then said goodbye or died
   std::vector<Conn*> by_rank_;        // live connection of each joined rank
   std::vector<std::string> rank_peer_;
-  std::vector<Blob> join_blobs_;
+  std::vector<std::vector<uint8_t>> join_blobs_;
   std::string failure_text_;
   std::map<uint64_t, std::deque<Round>> rounds_;
   std::vector<int> overflowed_;
+  Deadline accept_pause_ = Deadline::after_ms(0);
 };
 
 }  // namespace
 
+namespace {
+// The process that hosts a root must not take it down while ranks elsewhere still use it (rank 0 often finishes
+// first): at exit, wait for every joined rank to say goodbye or die, for at most CHORUS_TIMEOUT_MS.
+void wait_for_roots_at_exit() {
+  int64_t ms = 300000;
+  try {
+    ms = param_int(Param::TimeoutMs);
+  } catch (...) {
+  }
+  std::unique_lock<std::mutex> lock(registry().mu);
+  if (registry().busy > 0)
+    CHORUS_INFO(Bootstrap, "process exit: waiting for %d rendezvous service(s) still in use", registry().busy);
+  registry().cv.wait_for(lock, std::chrono::milliseconds(ms), [] { return registry().busy == 0; });
+}
+}  // namespace
+
 sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& secret, const RootOptions& options) {
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit(wait_for_roots_at_exit); });
   Socket listener = Socket::listen(bind_addr);
   sockaddr_storage bound = listener.local_addr();
   auto service = std::make_shared<RootService>(std::move(listener), secret, options);

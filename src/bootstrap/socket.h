@@ -52,7 +52,8 @@ class Socket {
   // may not be listening yet). Throws chorusSystemError naming the address and the last OS error when the
   // deadline passes or on an error that retrying cannot fix. The returned socket is non-blocking, TCP_NODELAY.
   static Socket connect(const sockaddr_storage& addr, Deadline deadline);
-  // Waits for one incoming connection. Throws chorusTimeout when `deadline` passes.
+  // Waits for one incoming connection (returned non-blocking, TCP_NODELAY). Throws chorusTimeout when `deadline`
+  // passes.
   Socket accept(Deadline deadline) const;
   // Accepts one pending connection without waiting; returns an invalid Socket when none is pending. The new
   // socket is non-blocking. `peer` (optional) receives the remote address.

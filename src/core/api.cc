@@ -39,6 +39,9 @@ thread_local std::string t_last_error;
 void set_error(chorusComm* comm, const std::string& text) {
   t_last_error = text;
   if (comm) {
+    // The handle may be stale (used after destroy): only a live communicator keeps the text.
+    std::lock_guard<std::mutex> live_lock(g_live_mu);
+    if (!g_live.count(comm)) return;
     std::lock_guard<std::mutex> lock(comm->err_mu);
     comm->last_error = text;
   }

@@ -1,6 +1,8 @@
 #include "core/communicator.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -284,7 +286,12 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
                   cat("rank ", rank_, ": rank ", peer, " chose transport '", name, "' but this rank chose '",
                       chosen[i]->name(), "' (CHORUS_TRANSPORTS differs between ranks?)"));
     std::vector<std::byte> data(nul + 1, msg.end());
-    conns_[{peer, ch}] = chosen[i]->connect(spec_of(peer, ch), data, deadline);
+    try {
+      conns_[{peer, ch}] = chosen[i]->connect(spec_of(peer, ch), data, deadline);
+    } catch (const Error& e) {
+      throw Error(e.code(), Subsys::Transport,
+                  cat("connecting to rank ", peer, " (channel ", ch, ") over ", name, ": ", e.what()));
+    }
     conn_transport_[{peer, ch}] = name;
     CHORUS_INFO(Transport, "rank %d: connected to rank %d channel %d over %s", rank_, peer, ch, name.c_str());
   }
@@ -464,6 +471,20 @@ void CommImpl::run(const CollArgs& a) {
   } catch (const Error& e) {
     std::string text = e.what();
     if (text.rfind("rank ", 0) != 0) text = what + ": " + text;
+    // A local symptom (a closed socket, a refused connection) usually follows a failure elsewhere that the
+    // bootstrap is about to announce; wait briefly for it so the error names the root cause.
+    if (!aborted_ && e.code() != chorusInvalidArgument) {
+      Deadline grace = Deadline::after_ms(std::min<int64_t>(1000, timeout_ms_));
+      while (!bootstrap_->failed() && !grace.passed()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (bootstrap_->failed() && text.find("peer failure") == std::string::npos) {
+      PeerFailure f = bootstrap_->failure();
+      if (f.rank != rank_) {
+        Error remote(chorusRemoteError, Subsys::Core, cat(what, ": peer failure: ", f.text, " (seen here as: ", text, ")"));
+        fail(remote);
+        throw remote;
+      }
+    }
     Error named(e.code(), e.subsys(), text, e.where());
     fail(named);
     throw named;

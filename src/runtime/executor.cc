@@ -106,18 +106,20 @@ class Run {
         idle = 0;
         continue;
       }
-      if (idle == 0) idle_since = std::chrono::steady_clock::now();
-      wait_a_little(++idle, idle_since);
+      if (idle++ == 0) idle_since = std::chrono::steady_clock::now();
+      wait_a_little(idle, idle_since, blocked_);
     }
     // Flush: messages committed to a pumped transport must leave before the call returns.
     for (uint64_t idle2 = 1;; ++idle2) {
       bool idle_all = true;
+      Blocked pending;
       for (Connection* c : p_.all_conns) {
         c->progress();
+        if (!c->send_idle()) pending = {c, false};
         idle_all &= c->send_idle();
       }
       if (idle_all) break;
-      wait_a_little(idle2, idle_since);
+      wait_a_little(idle2, idle_since, pending);
     }
   }
 
@@ -128,21 +130,31 @@ class Run {
     return 0;
   }
 
-  void wait_a_little(uint64_t idle, std::chrono::steady_clock::time_point since) {
-    // Spin briefly, then yield: with more ranks than cores, a spinning rank would steal its peer's time slice.
-    if (idle < 64) {
+  struct Blocked {
+    Connection* conn = nullptr;
+    bool on_recv = false;
+  };
+
+  // Spin for a few microseconds (the answer usually comes that fast when every rank has a core), then sleep on the
+  // connection the stalled step waits for: with more ranks than cores a spinning rank would steal the time slice of
+  // the rank it waits for. Sleeps are short, so other lanes, aborts and the deadline are re-checked often.
+  void wait_a_little(uint64_t idle, std::chrono::steady_clock::time_point since, Blocked blocked) {
+    if ((idle & 63) != 0 || std::chrono::steady_clock::now() - since < std::chrono::microseconds(kSpinUs)) {
       cpu_relax();
       return;
     }
-    if ((idle & 63) == 0) {
-      if (p_.check_abort) p_.check_abort();
-      if (p_.deadline.passed()) timeout();
-    }
-    if (std::chrono::steady_clock::now() - since > std::chrono::milliseconds(20))
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    else
+    if (p_.check_abort) p_.check_abort();
+    if (p_.deadline.passed()) timeout();
+    const int us = lanes_.size() > 1 ? 200 : 1000;
+    if (blocked.conn == nullptr) {
       sched_yield();
+    } else if (blocked.on_recv) {
+      blocked.conn->wait_recv(us);
+    } else {
+      blocked.conn->wait_send(us);
+    }
   }
+  static constexpr int kSpinUs = 20;
 
   [[noreturn]] void timeout() {
     std::string waiting;
@@ -207,11 +219,17 @@ class Run {
     std::byte* out = nullptr;
     if (c.recv) {
       in = c.recv->recv_peek();
-      if (!in.header) return false;
+      if (!in.header) {
+        blocked_ = {c.recv, true};
+        return false;
+      }
     }
     if (c.send) {
       out = c.send->send_slot();
-      if (!out) return false;
+      if (!out) {
+        blocked_ = {c.send, false};
+        return false;
+      }
     }
     const kernels::Reducer* red = p_.reducer;
     const size_t esz = p_.layout->elem_size;
@@ -269,6 +287,7 @@ class Run {
   const algo::RankProgram& prog_;
   std::vector<LaneState> lanes_;
   std::vector<std::vector<size_t>> nslices_;
+  Blocked blocked_;  // what the last step that could not run waits for
 };
 
 }  // namespace

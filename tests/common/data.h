@@ -90,8 +90,8 @@ inline double load(chorusDataType_t t, const void* p, size_t i) {
   }
 }
 
-// Writes the expected reduction of `vals` (one exact value per rank) as element i of `out` (type t).
-inline void store_reduced(chorusDataType_t t, TestOp o, const int64_t* vals, int n, void* out, size_t i) {
+// The reduction of one value per rank, exactly, in int64 (for avg: the sum; for premulsum: the scaled sum).
+inline int64_t reduce_values(TestOp o, const int64_t* vals, int n) {
   int64_t acc = (o == TestOp::Prod) ? 1 : (o == TestOp::Max ? INT64_MIN : (o == TestOp::Min ? INT64_MAX : 0));
   for (int r = 0; r < n; ++r) {
     int64_t v = vals[r];
@@ -103,6 +103,11 @@ inline void store_reduced(chorusDataType_t t, TestOp o, const int64_t* vals, int
       default: acc += v;
     }
   }
+  return acc;
+}
+
+// Stores the expected result for reduced value `acc` (from reduce_values) as element i of `out` (type t).
+inline void store_result(chorusDataType_t t, TestOp o, int64_t acc, int n, void* out, size_t i) {
   if (o != TestOp::Avg) {
     store(t, out, i, static_cast<double>(acc));
     return;
@@ -115,11 +120,7 @@ inline void store_reduced(chorusDataType_t t, TestOp o, const int64_t* vals, int
     case chorusInt32: store(t, out, i, static_cast<int32_t>(acc) / n); break;
     case chorusUint32: store(t, out, i, static_cast<uint32_t>(acc) / static_cast<uint32_t>(n)); break;
     case chorusInt64: store(t, out, i, static_cast<double>(acc / n)); break;
-    case chorusUint64: {
-      uint64_t q = static_cast<uint64_t>(acc) / static_cast<uint64_t>(n);
-      static_cast<uint64_t*>(out)[i] = q;
-      break;
-    }
+    case chorusUint64: static_cast<uint64_t*>(out)[i] = static_cast<uint64_t>(acc) / static_cast<uint64_t>(n); break;
     default: store(t, out, i, static_cast<float>(acc) / static_cast<float>(n)); break;
   }
 }

@@ -247,6 +247,14 @@ TEST(Socket, ConnectRetriesUntilTheListenerAppears) {
   late.join();
 }
 
+TEST(Socket, ListenOnABusyPortNamesTheAddress) {
+  Socket first = Socket::listen(loopback());
+  sockaddr_storage addr = first.local_addr();
+  Error e = caught([&] { Socket::listen(addr); });
+  EXPECT_EQ(e.code(), chorusSystemError);
+  EXPECT_TRUE(contains(e.what(), cat("cannot bind ", sockaddr_to_string(addr))));
+}
+
 // ---- Authentication ----
 
 struct AuthResult {
@@ -514,6 +522,44 @@ TEST_P(BootstrapRanks, JoinAllgatherP2pBarrier) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, BootstrapRanks, ::testing::Values(1, 2, 4, 8));
 
+TEST(Bootstrap, RanksMayStartBeforeTheRoot) {
+  UniqueIdData id;
+  id.secret = random_secret();
+  {
+    Socket probe = Socket::listen(loopback());
+    id.root = probe.local_addr();  // free again once probe closes
+  }
+  std::thread root([&] {
+    std::this_thread::sleep_for(300ms);
+    start_root(id.root, id.secret);
+  });
+  run_ranks(2, [&](int r) {
+    auto bs = Bootstrap::join(id, r, 2, blob_of(cat(r)), Deadline::after_ms(5000));
+    EXPECT_EQ(str_of(bs->peer_info()[1 - r]), cat(1 - r));
+    bs->barrier(0, Deadline::after_ms(5000));
+  });
+  root.join();
+}
+
+TEST(Bootstrap, LargeAllgather) {
+  UniqueIdData id = quick_root();
+  constexpr size_t kBytes = size_t{1} << 20;  // well over a socket buffer: partial reads and writes everywhere
+  auto pattern = [](int r) {
+    Blob b(kBytes + static_cast<size_t>(r));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((i * 7 + static_cast<size_t>(r)) & 0xff);
+    return b;
+  };
+  std::vector<Blob> expected;
+  for (int r = 0; r < 4; ++r) expected.push_back(pattern(r));
+  run_ranks(4, [&](int r) {
+    auto bs = Bootstrap::join(id, r, 4, {}, Deadline::after_ms(10000));
+    std::vector<Blob> all = bs->allgather(0, expected[r], Deadline::after_ms(10000));
+    ASSERT_EQ(all.size(), 4u);
+    for (int p = 0; p < 4; ++p) EXPECT_TRUE(all[p] == expected[p]) << "blob of rank " << p;
+    bs->barrier(1, Deadline::after_ms(10000));
+  });
+}
+
 TEST(Bootstrap, StrangersAreRefusedWhileTheJobCompletes) {
   UniqueIdData id = quick_root(/*auth_timeout_ms=*/300);
   ::testing::internal::CaptureStderr();
@@ -577,6 +623,37 @@ TEST(Bootstrap, AbortedRankIsSeenAsFailedByEveryone) {
     EXPECT_EQ(e.code(), chorusRemoteError);
     EXPECT_TRUE(contains(e.what(), "without a goodbye"));
   });
+}
+
+TEST(Bootstrap, LosingTheRootIsAFailure) {
+  // A stand-in root that completes a one-rank rendezvous, then goes away.
+  UniqueIdData id;
+  id.secret = random_secret();
+  Socket listener = Socket::listen(loopback());
+  id.root = listener.local_addr();
+  std::thread fake_root([&] {
+    Socket s = listener.accept(Deadline::after_ms(2000));
+    ASSERT_TRUE(auth_server(s, id.secret, Deadline::after_ms(2000), nullptr));
+    uint8_t bytes[kFrameHeaderBytes];
+    s.recv_all(bytes, sizeof(bytes), Deadline::after_ms(2000));
+    FrameHeader join = decode_header(bytes);
+    EXPECT_EQ(join.type, static_cast<uint32_t>(MsgType::Join));
+    std::string info(join.length, '\0');  // read all, so that closing sends a clean end of stream, not a reset
+    s.recv_all(info.data(), info.size(), Deadline::after_ms(2000));
+    std::vector<uint8_t> list = encode_blobs({blob_of("info")});
+    std::vector<uint8_t> frame = make_frame(MsgType::Rendezvous, -1, -1, 0, list.data(), list.size());
+    s.send_all(frame.data(), frame.size(), Deadline::after_ms(2000));
+    std::this_thread::sleep_for(50ms);
+  });
+  auto bs = Bootstrap::join(id, 0, 1, blob_of("info"), Deadline::after_ms(2000));
+  EXPECT_EQ(str_of(bs->peer_info()[0]), "info");
+  fake_root.join();
+  EXPECT_TRUE(eventually([&] { return bs->failed(); }, 2000ms));
+  EXPECT_EQ(bs->failure().rank, 0);
+  EXPECT_EQ(bs->failure().text, cat("the bootstrap root (", sockaddr_to_string(id.root), ") closed the connection"));
+  Error e = caught([&] { bs->barrier(0, Deadline::after_ms(1000)); });
+  EXPECT_EQ(e.code(), chorusRemoteError);
+  EXPECT_TRUE(contains(e.what(), "closed the connection"));
 }
 
 TEST(Bootstrap, ReportedFailureReachesEveryRank) {

@@ -48,6 +48,14 @@ Pool& pool() {
 // all-to-allv: elements rank i sends to rank j.
 size_t v_count(size_t count, int i, int j) { return count == 0 ? 0 : count * (1 + (i + 2 * j) % 3) / 2 + (i * j) % 2; }
 
+// Values of one (collective, nranks, count, op) shared by every dtype, in place or not, and root: each rank's
+// inputs and, for reductions, the exact reduced value of every element of the reduced vector.
+struct Prepared {
+  std::vector<std::vector<int8_t>> vals;  // [rank][element of the input]
+  std::vector<int64_t> reduced;           // [element] (all-reduce/reduce: count; reduce-scatter: n * count)
+  bool uns = false;
+};
+
 struct Case {
   CollT coll;
   int n;
@@ -63,10 +71,24 @@ struct Case {
   }
 };
 
-void run_case(World& w, const Case& c) {
+void prepare(Prepared& pr, CollT coll, int n, size_t in_elems, size_t reduced_elems, TestOp op, bool uns) {
+  pr.uns = uns;
+  pr.vals.assign(n, std::vector<int8_t>(in_elems));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < in_elems; ++i) pr.vals[r][i] = static_cast<int8_t>(test_value(op, r, i, uns));
+  pr.reduced.clear();
+  if (!reduces(coll)) return;
+  pr.reduced.resize(reduced_elems);
+  std::vector<int64_t> v(n);
+  for (size_t i = 0; i < reduced_elems; ++i) {
+    for (int q = 0; q < n; ++q) v[q] = pr.vals[q][i];
+    pr.reduced[i] = reduce_values(op, v.data(), n);
+  }
+}
+
+void run_case(World& w, const Case& c, const Prepared& pr) {
   const int n = c.n;
   const size_t esz = type_size(c.t), count = c.count;
-  const bool uns = is_unsigned(c.t);
   // Elements of each rank's input and output buffers.
   size_t in_elems = count, out_elems = count;
   std::vector<std::vector<size_t>> sdispl(n, std::vector<size_t>(n)), rdispl(n, std::vector<size_t>(n));
@@ -100,7 +122,7 @@ void run_case(World& w, const Case& c) {
   // Inputs (the in-place forms put them where the API expects them).
   for (int r = 0; r < n; ++r) {
     void* in = p.in[r].data();
-    for (size_t i = 0; i < in_elems; ++i) store(c.t, in, i, static_cast<double>(test_value(c.op, r, i, uns)));
+    for (size_t i = 0; i < in_elems; ++i) store(c.t, in, i, pr.vals[r][i]);
     std::memset(p.out[r].data(), 0xA5, std::max(in_elems, out_elems) * esz);
     if (c.in_place) {
       switch (c.coll) {
@@ -114,7 +136,6 @@ void run_case(World& w, const Case& c) {
     }
   }
   // Expected outputs.
-  std::vector<int64_t> vals(n);
   for (int r = 0; r < n; ++r) {
     void* want = p.want[r].data();
     switch (c.coll) {
@@ -125,16 +146,10 @@ void run_case(World& w, const Case& c) {
           std::memcpy(want, c.in_place ? p.in[r].data() : p.out[r].data(), count * esz);
           break;
         }
-        for (size_t i = 0; i < count; ++i) {
-          for (int q = 0; q < n; ++q) vals[q] = test_value(c.op, q, i, uns);
-          store_reduced(c.t, c.op, vals.data(), n, want, i);
-        }
+        for (size_t i = 0; i < count; ++i) store_result(c.t, c.op, pr.reduced[i], n, want, i);
         break;
       case CollT::ReduceScatter:
-        for (size_t i = 0; i < count; ++i) {
-          for (int q = 0; q < n; ++q) vals[q] = test_value(c.op, q, r * count + i, uns);
-          store_reduced(c.t, c.op, vals.data(), n, want, i);
-        }
+        for (size_t i = 0; i < count; ++i) store_result(c.t, c.op, pr.reduced[r * count + i], n, want, i);
         break;
       case CollT::Broadcast:
         std::memcpy(want, p.in[c.root].data(), count * esz);
@@ -218,15 +233,23 @@ TEST_P(Collectives, Matrix) {
   std::vector<int> roots = {0};
   if (rooted(coll) && n > 1) roots.push_back(n - 1);
   for (size_t count : counts) {
-    for (bool in_place : {false, true}) {
-      if (in_place && coll == CollT::AllToAllv) continue;  // not supported (documented)
-      for (int root : roots) {
-        for (chorusDataType_t t : kAllTypes) {
-          for (TestOp op : kAllOps) {
-            if (!reduces(coll) && op != TestOp::Sum) continue;
+    const size_t in_elems = (coll == CollT::ReduceScatter || coll == CollT::AllToAll) ? count * n
+                            : coll == CollT::AllToAllv ? 2 * count * n + n
+                                                       : count;
+    const size_t reduced_elems = coll == CollT::ReduceScatter ? count * n : count;
+    for (TestOp op : kAllOps) {
+      if (!reduces(coll) && op != TestOp::Sum) continue;
+      Prepared pr[2];  // signed and unsigned values (they differ for min/max only)
+      const bool minmax = op == TestOp::Max || op == TestOp::Min;
+      prepare(pr[0], coll, n, in_elems, reduced_elems, op, false);
+      if (minmax) prepare(pr[1], coll, n, in_elems, reduced_elems, op, true);
+      for (chorusDataType_t t : kAllTypes) {
+        for (bool in_place : {false, true}) {
+          if (in_place && coll == CollT::AllToAllv) continue;  // not supported (documented)
+          for (int root : roots) {
             Case c{coll, n, count, in_place, root, t, op};
             SCOPED_TRACE(c.str());
-            run_case(w, c);
+            run_case(w, c, pr[minmax && is_unsigned(t) ? 1 : 0]);
             if (HasFatalFailure() || HasFailure()) return;
           }
         }

@@ -2,11 +2,13 @@
 // direction is a ring of slots like the memory FIFOs, pumped by progress(). Every connection proves knowledge of
 // the communicator's secret (bootstrap/auth.h) and then names its communicator, rank and channel.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -66,7 +68,11 @@ class TcpConnection : public Connection {
 
   MessageView recv_peek() override {
     if (recv_tail_ == recv_head_) pump_recv();
-    if (recv_tail_ == recv_head_) return {};
+    if (recv_tail_ == recv_head_) {
+      // Only an error once data is actually missing: a peer that finished may close while we drain.
+      if (closed_) fail("closed by the peer (process died or aborted)");
+      return {};
+    }
     std::byte* s = recv_at(recv_tail_);
     return {reinterpret_cast<const WireHeader*>(s), s + sizeof(WireHeader)};
   }
@@ -81,7 +87,15 @@ class TcpConnection : public Connection {
 
   bool send_idle() const override { return send_tail_ == send_head_; }
 
+  void wait_recv(int timeout_us) override { wait_fd(POLLIN | (send_idle() ? 0 : POLLOUT), timeout_us); }
+  void wait_send(int timeout_us) override { wait_fd(POLLOUT | POLLIN, timeout_us); }
+
  private:
+  void wait_fd(short events, int timeout_us) {
+    pollfd p{sock_.fd(), events, 0};
+    poll(&p, 1, std::max(1, timeout_us / 1000));
+  }
+
   std::byte* send_at(uint64_t i) { return send_ring_.data() + (i % depth_) * stride_; }
   std::byte* recv_at(uint64_t i) { return recv_ring_.data() + (i % depth_) * stride_; }
 
@@ -122,8 +136,12 @@ class TcpConnection : public Connection {
         std::memcpy(&h, s, sizeof(h));
         want += h.bytes;
       }
+      if (closed_) break;
       ssize_t n = ::recv(sock_.fd(), s + recv_off_, want - recv_off_, MSG_DONTWAIT);
-      if (n == 0) fail("closed by the peer (process died or aborted)");
+      if (n == 0) {
+        closed_ = true;
+        break;
+      }
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
         fail(cat("recv failed: ", std::strerror(errno)));
@@ -155,6 +173,7 @@ class TcpConnection : public Connection {
   std::vector<std::byte> send_ring_, recv_ring_;
   uint64_t send_head_ = 0, send_tail_ = 0, recv_head_ = 0, recv_tail_ = 0;
   size_t send_off_ = 0, recv_off_ = 0;
+  bool closed_ = false;  // the peer closed its end; what arrived before stays readable
 };
 
 class TcpTransport : public Transport {

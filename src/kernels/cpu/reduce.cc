@@ -15,7 +15,6 @@
 // reference); the unit tests check that both give the same bits.
 #include "kernels/cpu/reduce.h"
 
-#include <bit>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -26,16 +25,22 @@
 
 // Results must not depend on which clone runs (determinism across machines), and the AVX-512 clone may use FMA.
 // Contracting b * scalar + a into an FMA would skip a rounding, so contraction is off for everything below.
+// Trapping math is off too: nothing here reads FP exception flags, and with it on GCC will not evaluate the FP
+// operations of the subnormal paths unconditionally, so the loops keep a branch and do not vectorise. Neither
+// option changes any result.
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
+#pragma GCC optimize("fp-contract=off", "no-trapping-math")
 #endif
 
+// Overridable so that tests can build each ISA variant alone (a machine only ever runs the best one it supports).
+#ifndef CHORUS_KERNEL_CLONES
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__gnu_linux__)
 #define CHORUS_KERNEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define CHORUS_KERNEL_CLONES
+#endif
 #endif
 #define CHORUS_ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -45,7 +50,14 @@ namespace {
 // Elements per block of the vectorised loop: a multiple of every vector length in elements (64 bytes of int8).
 constexpr size_t kBlock = 64;
 
-constexpr float pow2f(int e) { return std::bit_cast<float>(static_cast<uint32_t>(e + 127) << 23); }
+// std::bit_cast is defined before the pragma above, and GCC will not inline a function compiled with trapping math
+// into one compiled without when both touch floats: a call would be left in every loop. The builtin has no such issue.
+template <typename To, typename From>
+CHORUS_ALWAYS_INLINE constexpr To bit_cast(From v) {
+  return __builtin_bit_cast(To, v);
+}
+
+constexpr float pow2f(int e) { return bit_cast<float>(static_cast<uint32_t>(e + 127) << 23); }
 
 // ---- Formats: storage type, compute type, and the conversions between them ----
 
@@ -80,18 +92,18 @@ struct NarrowFloat {
     const uint32_t mag = x & kMagMask;
     const uint32_t normal = (mag << kShift) + kRebias;
     // Subnormals: mag * 2^(1 - bias - mant) is exact in fp32.
-    const uint32_t sub = std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(mag)) * kSubScale);
+    const uint32_t sub = bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(mag)) * kSubScale);
     uint32_t bits = mag < (1u << kMant) ? sub : normal;
     if constexpr (kIeeeSpecials) {
       bits = mag >= kInfCode ? ((mag << kShift) | 0x7f800000u) : bits;  // keeps NaN payloads, as float_types.cc
     } else {
       bits = mag == kMagMask ? 0x7fc00000u : bits;
     }
-    return std::bit_cast<float>(bits | sign);
+    return bit_cast<float>(bits | sign);
   }
 
   static CHORUS_ALWAYS_INLINE Store store(float f) {
-    const uint32_t x = std::bit_cast<uint32_t>(f);
+    const uint32_t x = bit_cast<uint32_t>(f);
     const uint32_t sign = (x >> 31) << (kBits - 1);
     const uint32_t ax = x & 0x7fffffffu;
     // Normal range: round to nearest-even by adding just under half a unit plus the kept lsb; a carry out of the
@@ -99,7 +111,7 @@ struct NarrowFloat {
     uint32_t r = ax - kRebias;
     r = (r + ((1u << (kShift - 1)) - 1u) + ((r >> kShift) & 1u)) >> kShift;
     r = r < kMaxFinite + 1u ? r : (kIeeeSpecials ? kInfCode : kMaxFinite);  // overflow: inf, or saturate (E4M3)
-    const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(ax) + kSubMagic) - std::bit_cast<uint32_t>(kSubMagic);
+    const uint32_t sub = bit_cast<uint32_t>(bit_cast<float>(ax) + kSubMagic) - bit_cast<uint32_t>(kSubMagic);
     r = ax < kMinNormalBits ? sub : r;
     uint32_t nan;
     if constexpr (kBits == 16) {
@@ -119,9 +131,9 @@ using E5M2 = NarrowFloat<uint8_t, 8, 2, 15, true>;
 struct Bf16 {
   using Store = uint16_t;
   using Calc = float;
-  static CHORUS_ALWAYS_INLINE float load(Store v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
+  static CHORUS_ALWAYS_INLINE float load(Store v) { return bit_cast<float>(static_cast<uint32_t>(v) << 16); }
   static CHORUS_ALWAYS_INLINE Store store(float f) {
-    const uint32_t x = std::bit_cast<uint32_t>(f);
+    const uint32_t x = bit_cast<uint32_t>(f);
     const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
     return static_cast<Store>((x & 0x7fffffffu) > 0x7f800000u ? ((x >> 16) | 0x40u) : rounded);
   }
@@ -145,13 +157,13 @@ using BitsOf = std::conditional_t<sizeof(C) == 4, uint32_t, uint64_t>;
 template <typename C>
 CHORUS_ALWAYS_INLINE C float_min(C a, C b) {
   C r = a < b ? a : b;
-  r = a == b ? std::bit_cast<C>(std::bit_cast<BitsOf<C>>(a) | std::bit_cast<BitsOf<C>>(b)) : r;
+  r = a == b ? bit_cast<C>(bit_cast<BitsOf<C>>(a) | bit_cast<BitsOf<C>>(b)) : r;
   return a != a ? a : r;  // b NaN already gave b above
 }
 template <typename C>
 CHORUS_ALWAYS_INLINE C float_max(C a, C b) {
   C r = a > b ? a : b;
-  r = a == b ? std::bit_cast<C>(std::bit_cast<BitsOf<C>>(a) & std::bit_cast<BitsOf<C>>(b)) : r;
+  r = a == b ? bit_cast<C>(bit_cast<BitsOf<C>>(a) & bit_cast<BitsOf<C>>(b)) : r;
   return a != a ? a : r;
 }
 
@@ -197,9 +209,11 @@ CHORUS_ALWAYS_INLINE C premul(C v, C scalar) {
 template <typename C>
 using Divisor = std::conditional_t<std::is_floating_point_v<C>, C, int64_t>;
 
-// Integer division truncating toward zero. x86 has no vector integer division; for types up to 32 bits the
-// quotient through a wider float is exact (a non-integer x/d is at least 1/d away from an integer, more than the
-// rounding error for |x| < 2^23 in fp32 and |x| < 2^52 in fp64), and that vectorises. 64-bit stays scalar.
+// Division by d >= 2 (dividing by 1 is skipped by the callers, being the identity), integers truncating toward zero.
+// x86 has no vector integer division; for types up to 32 bits the quotient through a wider float is exact (a
+// non-integer x/d is at least 1/d away from an integer, more than the rounding error for |x| < 2^23 in fp32 and
+// |x| < 2^52 in fp64), and that vectorises. With d >= 2 even an unsigned 32-bit quotient fits int32, whose
+// conversion from double every x86 vector ISA has. 64-bit stays scalar.
 template <typename C>
 CHORUS_ALWAYS_INLINE C divide(C x, Divisor<C> d) {
   if constexpr (std::is_floating_point_v<C>) {
@@ -207,7 +221,7 @@ CHORUS_ALWAYS_INLINE C divide(C x, Divisor<C> d) {
   } else if constexpr (sizeof(C) == 1) {
     return static_cast<C>(static_cast<int32_t>(static_cast<float>(x) / static_cast<float>(d)));
   } else if constexpr (sizeof(C) == 4) {
-    return static_cast<C>(static_cast<int64_t>(static_cast<double>(x) / static_cast<double>(d)));
+    return static_cast<C>(static_cast<int32_t>(static_cast<double>(x) / static_cast<double>(d)));
   } else {
     return static_cast<C>(x / static_cast<C>(d));
   }
@@ -292,7 +306,7 @@ CHORUS_KERNEL_CLONES void reduce_entry(const ReduceSpec& spec, void* dst, const 
   const auto* y = static_cast<const S*>(b);
   const Params<F> p = params_of<F>(spec);
   const bool pm = spec.premul && b_is_input;
-  const bool dv = final && spec.avg_divisor > 0;
+  const bool dv = final && spec.avg_divisor > 1;
   if (pm) {
     if (dv) {
       reduce_loop<F, K, true, true>(d, x, y, n, p);
@@ -314,7 +328,7 @@ CHORUS_KERNEL_CLONES void copy_entry(const ReduceSpec& spec, void* dst, const vo
   const auto* s = static_cast<const S*>(src);
   const Params<F> p = params_of<F>(spec);
   const bool pm = spec.premul && src_is_input;
-  const bool dv = final && spec.avg_divisor > 0;
+  const bool dv = final && spec.avg_divisor > 1;
   if (pm && dv) {
     copy_loop<F, true, true>(d, s, n, p);
   } else if (pm) {
@@ -385,7 +399,7 @@ void Reducer::reduce(void* dst, const void* a, const void* b, size_t n, bool b_i
 
 void Reducer::copy(void* dst, const void* src, size_t n, bool src_is_input, bool final) const {
   if (n == 0) return;
-  const bool transform = (spec_.premul && src_is_input) || (final && spec_.avg_divisor > 0);
+  const bool transform = (spec_.premul && src_is_input) || (final && spec_.avg_divisor > 1);
   if (!transform) {
     if (dst != src) std::memcpy(dst, src, n * elem_);
     return;

@@ -1,0 +1,242 @@
+// Chorus C++ API: a thin header-only layer over the C ABI (chorus.h). Errors throw chorus::CommError carrying the
+// result code and chorusGetLastError's text. Element types map to datatypes at compile time (chorus::dtype_of);
+// for fp16, bf16 and fp8 pass the chorus::half / bfloat16 / float8_e4m3 / float8_e5m2 storage types.
+//
+// Thread-safety: as for the C API: one communicator is driven by one thread at a time.
+//
+//   chorus::UniqueId id = chorus::UniqueId::create();         // on one process; share the 128 bytes
+//   chorus::Comm comm(nranks, id, rank);
+//   std::vector<float> grad(n);
+//   comm.all_reduce(std::span<float>(grad), chorus::Op::Sum); // in place
+//   chorus::Request r = comm.iall_gather(shard, full);        // non-blocking
+//   r.wait();
+#pragma once
+
+#include <chorus/chorus.h>
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace chorus {
+
+class CommError : public std::runtime_error {
+ public:
+  CommError(chorusResult_t code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  chorusResult_t code() const { return code_; }
+
+ private:
+  chorusResult_t code_;
+};
+
+inline void check(chorusResult_t r, chorusComm_t comm = nullptr) {
+  if (r != chorusSuccess)
+    throw CommError(r, std::string(chorusGetErrorString(r)) + ": " + chorusGetLastError(comm));
+}
+
+// Storage types for the 16- and 8-bit floating formats (bit patterns; convert with your framework's helpers).
+struct half { uint16_t bits; };
+struct bfloat16 { uint16_t bits; };
+struct float8_e4m3 { uint8_t bits; };
+struct float8_e5m2 { uint8_t bits; };
+
+template <typename T>
+constexpr chorusDataType_t dtype_of() {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, int8_t>) return chorusInt8;
+  else if constexpr (std::is_same_v<U, uint8_t>) return chorusUint8;
+  else if constexpr (std::is_same_v<U, int32_t>) return chorusInt32;
+  else if constexpr (std::is_same_v<U, uint32_t>) return chorusUint32;
+  else if constexpr (std::is_same_v<U, int64_t>) return chorusInt64;
+  else if constexpr (std::is_same_v<U, uint64_t>) return chorusUint64;
+  else if constexpr (std::is_same_v<U, float>) return chorusFloat32;
+  else if constexpr (std::is_same_v<U, double>) return chorusFloat64;
+  else if constexpr (std::is_same_v<U, half>) return chorusFloat16;
+  else if constexpr (std::is_same_v<U, bfloat16>) return chorusBfloat16;
+  else if constexpr (std::is_same_v<U, float8_e4m3>) return chorusFloat8e4m3;
+  else if constexpr (std::is_same_v<U, float8_e5m2>) return chorusFloat8e5m2;
+  else static_assert(sizeof(T) == 0, "no Chorus datatype for this element type");
+}
+
+enum class Op : int { Sum = chorusSum, Prod = chorusProd, Max = chorusMax, Min = chorusMin, Avg = chorusAvg };
+
+class UniqueId {
+ public:
+  // Starts the rendezvous service in this process (keep it alive until every rank has joined).
+  static UniqueId create() {
+    UniqueId id;
+    check(chorusGetUniqueId(&id.raw));
+    return id;
+  }
+  chorusUniqueId raw{};
+};
+
+// A non-blocking operation. Move-only; the destructor waits for it (a request must not outlive its buffers).
+class Request {
+ public:
+  Request() = default;
+  explicit Request(chorusRequest_t r) : r_(r) {}
+  Request(Request&& o) noexcept : r_(std::exchange(o.r_, nullptr)) {}
+  Request& operator=(Request&& o) noexcept {
+    if (this != &o) {
+      reset();
+      r_ = std::exchange(o.r_, nullptr);
+    }
+    return *this;
+  }
+  ~Request() { reset(); }
+  // True once complete; throws CommError if the operation failed.
+  bool test() {
+    int done = 0;
+    check(chorusTest(r_, &done));
+    return done != 0;
+  }
+  // Waits up to timeout_ms (negative: CHORUS_TIMEOUT_MS). Throws CommError on failure or timeout.
+  void wait(int64_t timeout_ms = -1) { check(chorusWait(r_, timeout_ms)); }
+
+ private:
+  void reset() {
+    if (r_) chorusRequestFree(r_);
+    r_ = nullptr;
+  }
+  chorusRequest_t r_ = nullptr;
+};
+
+class Comm {
+ public:
+  Comm(int nranks, const UniqueId& id, int rank) { check(chorusCommInitRank(&c_, nranks, id.raw, rank)); }
+  // From the launcher's environment (chorusrun, torchrun, mpirun, srun).
+  static Comm from_env() {
+    chorusComm_t c = nullptr;
+    check(chorusCommInitFromEnv(&c));
+    return Comm(c);
+  }
+  Comm(Comm&& o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
+  Comm& operator=(Comm&& o) noexcept {
+    if (this != &o) {
+      destroy();
+      c_ = std::exchange(o.c_, nullptr);
+    }
+    return *this;
+  }
+  ~Comm() { destroy(); }
+
+  int rank() const {
+    int r = -1;
+    check(chorusCommUserRank(c_, &r), c_);
+    return r;
+  }
+  int size() const {
+    int n = 0;
+    check(chorusCommCount(c_, &n), c_);
+    return n;
+  }
+  chorusComm_t handle() const { return c_; }
+  // Collective: ranks with the same color form a new communicator ordered by (key, rank). A rank passing
+  // CHORUS_SPLIT_NOCOLOR gets an empty Comm (valid() == false).
+  Comm split(int color, int key) {
+    chorusComm_t n = nullptr;
+    check(chorusCommSplit(c_, color, key, &n), c_);
+    return Comm(n);
+  }
+  bool valid() const { return c_ != nullptr; }
+  // Local abort: outstanding work fails; peers see this rank as failed.
+  void abort() {
+    if (c_) chorusCommAbort(std::exchange(c_, nullptr));
+  }
+
+  // Sizes are element counts of the spans: all_reduce: in.size() == out.size(); all_gather: out = size() * in;
+  // reduce_scatter: in = size() * out; all_to_all: in.size() == out.size() == size() * per-peer count.
+  template <typename T>
+  void all_reduce(std::span<const T> in, std::span<T> out, Op op = Op::Sum) {
+    expect(in.size() == out.size(), "all_reduce: in and out sizes differ");
+    check(chorusAllReduce(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), c_, nullptr), c_);
+  }
+  template <typename T>
+  void all_reduce(std::span<T> inout, Op op = Op::Sum) {
+    check(chorusAllReduce(inout.data(), inout.data(), inout.size(), dtype_of<T>(), red(op), c_, nullptr), c_);
+  }
+  template <typename T>
+  void broadcast(std::span<T> buf, int root) {
+    check(chorusBroadcast(buf.data(), buf.data(), buf.size(), dtype_of<T>(), root, c_, nullptr), c_);
+  }
+  template <typename T>
+  void reduce(std::span<const T> in, std::span<T> out, int root, Op op = Op::Sum) {
+    check(chorusReduce(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), root, c_, nullptr), c_);
+  }
+  template <typename T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    expect(out.size() == in.size() * static_cast<size_t>(size()), "all_gather: out must hold size() * in");
+    check(chorusAllGather(in.data(), out.data(), in.size(), dtype_of<T>(), c_, nullptr), c_);
+  }
+  template <typename T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, Op op = Op::Sum) {
+    expect(in.size() == out.size() * static_cast<size_t>(size()), "reduce_scatter: in must hold size() * out");
+    check(chorusReduceScatter(in.data(), out.data(), out.size(), dtype_of<T>(), red(op), c_, nullptr), c_);
+  }
+  template <typename T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    const size_t n = static_cast<size_t>(size());
+    expect(in.size() == out.size() && in.size() % n == 0, "all_to_all: sizes must be equal multiples of size()");
+    check(chorusAllToAll(in.data(), out.data(), in.size() / n, dtype_of<T>(), c_, nullptr), c_);
+  }
+  void barrier() { check(chorusBarrier(c_, nullptr), c_); }
+  template <typename T>
+  void send(std::span<const T> buf, int peer) {
+    check(chorusSend(buf.data(), buf.size(), dtype_of<T>(), peer, c_, nullptr), c_);
+  }
+  template <typename T>
+  void recv(std::span<T> buf, int peer) {
+    check(chorusRecv(buf.data(), buf.size(), dtype_of<T>(), peer, c_, nullptr), c_);
+  }
+
+  template <typename T>
+  Request iall_reduce(std::span<const T> in, std::span<T> out, Op op = Op::Sum) {
+    expect(in.size() == out.size(), "iall_reduce: in and out sizes differ");
+    chorusRequest_t r = nullptr;
+    check(chorusIallReduce(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), c_, &r), c_);
+    return Request(r);
+  }
+  template <typename T>
+  Request iall_gather(std::span<const T> in, std::span<T> out) {
+    expect(out.size() == in.size() * static_cast<size_t>(size()), "iall_gather: out must hold size() * in");
+    chorusRequest_t r = nullptr;
+    check(chorusIallGather(in.data(), out.data(), in.size(), dtype_of<T>(), c_, &r), c_);
+    return Request(r);
+  }
+  template <typename T>
+  Request ireduce_scatter(std::span<const T> in, std::span<T> out, Op op = Op::Sum) {
+    expect(in.size() == out.size() * static_cast<size_t>(size()), "ireduce_scatter: in must hold size() * out");
+    chorusRequest_t r = nullptr;
+    check(chorusIreduceScatter(in.data(), out.data(), out.size(), dtype_of<T>(), red(op), c_, &r), c_);
+    return Request(r);
+  }
+
+ private:
+  explicit Comm(chorusComm_t c) : c_(c) {}
+  static chorusRedOp_t red(Op op) { return static_cast<chorusRedOp_t>(op); }
+  static void expect(bool ok, const char* what) {
+    if (!ok) throw CommError(chorusInvalidArgument, what);
+  }
+  void destroy() {
+    if (c_) chorusCommDestroy(std::exchange(c_, nullptr));
+  }
+  chorusComm_t c_ = nullptr;
+};
+
+// Batches point-to-point calls: everything between construction and destruction is issued together.
+class Group {
+ public:
+  Group() { check(chorusGroupStart()); }
+  ~Group() noexcept(false) {
+    chorusResult_t r = chorusGroupEnd();
+    if (r != chorusSuccess && std::uncaught_exceptions() == 0) check(r);
+  }
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+};
+
+}  // namespace chorus

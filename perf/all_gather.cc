@@ -1,0 +1,30 @@
+// all_gather_perf: the size is the gathered output; each rank contributes size / nranks bytes.
+#include "common.h"
+
+namespace chorus::perf {
+namespace {
+
+class AllGather final : public Collective {
+ public:
+  const char* name() const override { return "all_gather"; }
+  Layout layout(size_t bytes, size_t ts, int nranks) const override {
+    const size_t per = bytes / ts / static_cast<size_t>(nranks);
+    const size_t total = per * static_cast<size_t>(nranks);
+    return {per, per, total, total * ts, total};
+  }
+  // In place, each rank's input already sits in its own block of the output.
+  size_t inplace_send_offset(const Layout& l, int rank) const override { return static_cast<size_t>(rank) * l.count; }
+  double bus_factor(int n) const override { return static_cast<double>(n - 1) / n; }
+  Expect expect(const Layout& l, int, int, int, size_t i) const override {
+    return {Expect::Copy, static_cast<int>(i / l.count), i % l.count};
+  }
+  void run(const OpArgs& a) const override {
+    check_chorus(chorusAllGather(a.send, a.recv, a.count, a.dtype, a.comm, nullptr), "chorusAllGather", a.comm,
+                 a.rank);
+  }
+};
+
+}  // namespace
+}  // namespace chorus::perf
+
+int main(int argc, char** argv) { return chorus::perf::perf_main(argc, argv, chorus::perf::AllGather{}); }

@@ -1,0 +1,31 @@
+// reduce_scatter_perf: the size is each rank's input; rank r ends with block r of the reduction.
+#include "common.h"
+
+namespace chorus::perf {
+namespace {
+
+class ReduceScatter final : public Collective {
+ public:
+  const char* name() const override { return "reduce_scatter"; }
+  bool reduces() const override { return true; }
+  Layout layout(size_t bytes, size_t ts, int nranks) const override {
+    const size_t per = bytes / ts / static_cast<size_t>(nranks);
+    const size_t total = per * static_cast<size_t>(nranks);
+    return {per, total, per, total * ts, total};
+  }
+  // In place, each rank's result lands on its own block of the input.
+  size_t inplace_recv_offset(const Layout& l, int rank) const override { return static_cast<size_t>(rank) * l.count; }
+  double bus_factor(int n) const override { return static_cast<double>(n - 1) / n; }
+  Expect expect(const Layout& l, int rank, int, int, size_t i) const override {
+    return {Expect::Reduce, 0, static_cast<size_t>(rank) * l.count + i};
+  }
+  void run(const OpArgs& a) const override {
+    check_chorus(chorusReduceScatter(a.send, a.recv, a.count, a.dtype, a.redop, a.comm, nullptr),
+                 "chorusReduceScatter", a.comm, a.rank);
+  }
+};
+
+}  // namespace
+}  // namespace chorus::perf
+
+int main(int argc, char** argv) { return chorus::perf::perf_main(argc, argv, chorus::perf::ReduceScatter{}); }

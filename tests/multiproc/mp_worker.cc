@@ -1,0 +1,303 @@
+// One rank of a multi-process test, started by chorusrun (or by a test that sets launcher variables itself).
+// Usage: mp_worker MODE. Exit code 0 when this rank saw what the mode expects; the driver
+// (multiproc_test.cc) checks every rank's output and chorusrun's exit code.
+//   matrix     every collective x counts {0, 1, n-1, 100003} x in/out of place x roots {0, last} x a set of
+//              dtypes and ops; each rank computes its own expected result
+//   kill       a large all-reduce during which rank 2 SIGKILLs itself; the others must fail naming rank 2 in < 10 s
+//   mismatch-count / mismatch-dtype
+//              rank 0 calls all-reduce with another count / dtype; every rank must fail showing both calls
+//   smoke      one all-reduce, checked
+//   intruder   rank 1 connects to the rendezvous port without the secret (garbage, then idle) before joining;
+//              the job must still complete
+#include <chorus/chorus.h>
+#include <netdb.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/common/data.h"
+
+using namespace chorus::test;
+
+namespace {
+
+int g_rank = 0, g_n = 0;
+
+#define CHECK_OK(call)                                                                                \
+  do {                                                                                                \
+    chorusResult_t r_ = (call);                                                                       \
+    if (r_ != chorusSuccess) {                                                                        \
+      std::printf("FAIL %s: %s: %s\n", #call, chorusGetErrorString(r_), chorusGetLastError(comm));    \
+      return 1;                                                                                       \
+    }                                                                                                 \
+  } while (0)
+
+// All-to-allv: elements rank i sends to rank j.
+size_t v_count(size_t count, int i, int j) { return count == 0 ? 0 : count * (1 + (i + 2 * j) % 3) / 2 + (i * j) % 2; }
+
+enum class C { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, AllToAllv, SendRecv, Barrier };
+const char* cname(C c) {
+  static const char* n[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
+                            "AllToAll", "AllToAllv", "SendRecv", "Barrier"};
+  return n[static_cast<int>(c)];
+}
+
+int run_matrix(chorusComm_t comm) {
+  const int n = g_n, r = g_rank;
+  const chorusDataType_t types[] = {chorusFloat32, chorusBfloat16, chorusInt32, chorusFloat8e4m3, chorusUint64};
+  const TestOp ops[] = {TestOp::Sum, TestOp::Max, TestOp::Avg, TestOp::PreMulSum, TestOp::Prod};
+  std::vector<std::byte> in, out, want;
+  int cases = 0;
+  for (C coll : {C::AllReduce, C::Broadcast, C::Reduce, C::AllGather, C::ReduceScatter, C::AllToAll, C::AllToAllv,
+                 C::SendRecv, C::Barrier}) {
+    const bool red = coll == C::AllReduce || coll == C::Reduce || coll == C::ReduceScatter;
+    for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(n - 1), size_t{100003}}) {
+      for (bool in_place : {false, true}) {
+        if (in_place && (coll == C::AllToAllv || coll == C::SendRecv || coll == C::Barrier)) continue;
+        for (int root : {0, n - 1}) {
+          if (root != 0 && coll != C::Broadcast && coll != C::Reduce) continue;
+          for (chorusDataType_t t : types) {
+            for (TestOp op : ops) {
+              if (!red && op != TestOp::Sum) continue;
+              const size_t esz = type_size(t);
+              const bool uns = is_unsigned(t);
+              // Sizes (elements) of this rank's input and output.
+              size_t in_e = count, out_e = count;
+              std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
+              if (coll == C::AllGather) out_e = count * n;
+              if (coll == C::ReduceScatter) in_e = count * n;
+              if (coll == C::AllToAll) in_e = out_e = count * n;
+              if (coll == C::AllToAllv) {
+                in_e = out_e = 0;
+                for (int j = 0; j < n; ++j) {
+                  sc[j] = v_count(count, r, j);
+                  sd[j] = in_e;
+                  in_e += sc[j] + 1;
+                  rc[j] = v_count(count, j, r);
+                  rd[j] = out_e;
+                  out_e += rc[j] + 1;
+                }
+              }
+              in.assign(in_e * esz + 8, std::byte{0});
+              out.assign(std::max(in_e, out_e) * esz + 8, std::byte{0xA5});
+              want.assign(std::max(in_e, out_e) * esz + 8, std::byte{0xA5});
+              auto value = [&](int q, size_t i) { return test_value(op, q, i, uns); };
+              for (size_t i = 0; i < in_e; ++i) store(t, in.data(), i, static_cast<double>(value(r, i)));
+              std::vector<int64_t> vals(n);
+              auto reduced = [&](size_t i) {
+                for (int q = 0; q < n; ++q) vals[q] = value(q, i);
+                return reduce_values(op, vals.data(), n);
+              };
+              size_t check_e = out_e;
+              switch (coll) {
+                case C::AllReduce:
+                  for (size_t i = 0; i < count; ++i) store_result(t, op, reduced(i), n, want.data(), i);
+                  break;
+                case C::Reduce:
+                  if (r == root) {
+                    for (size_t i = 0; i < count; ++i) store_result(t, op, reduced(i), n, want.data(), i);
+                  } else if (in_place) {
+                    std::memcpy(want.data(), in.data(), count * esz);
+                  }
+                  break;
+                case C::ReduceScatter:
+                  for (size_t i = 0; i < count; ++i) store_result(t, op, reduced(r * count + i), n, want.data(), i);
+                  check_e = count;
+                  break;
+                case C::Broadcast:
+                  for (size_t i = 0; i < count; ++i) store(t, want.data(), i, static_cast<double>(value(root, i)));
+                  break;
+                case C::AllGather:
+                  for (int b = 0; b < n; ++b)
+                    for (size_t i = 0; i < count; ++i)
+                      store(t, want.data(), b * count + i, static_cast<double>(value(b, i)));
+                  break;
+                case C::AllToAll:
+                  for (int b = 0; b < n; ++b)
+                    for (size_t i = 0; i < count; ++i)
+                      store(t, want.data(), b * count + i, static_cast<double>(value(b, r * count + i)));
+                  break;
+                case C::AllToAllv:
+                  for (int b = 0; b < n; ++b) {
+                    size_t b_sd = 0;  // where rank b's block for rank r starts in b's input
+                    for (int j = 0; j < r; ++j) b_sd += v_count(count, b, j) + 1;
+                    for (size_t i = 0; i < rc[b]; ++i)
+                      store(t, want.data(), rd[b] + i, static_cast<double>(value(b, b_sd + i)));
+                  }
+                  break;
+                case C::SendRecv:  // ring shift: receive rank r-1's input
+                  for (size_t i = 0; i < count; ++i)
+                    store(t, want.data(), i, static_cast<double>(value((r + n - 1) % n, i)));
+                  break;
+                case C::Barrier:
+                  check_e = 0;
+                  break;
+              }
+              if (in_place) {
+                if (coll == C::AllGather) std::memcpy(out.data() + r * count * esz, in.data(), count * esz);
+                else std::memcpy(out.data(), in.data(), in_e * esz);
+              }
+              chorusRedOp_t rop = chorusSum;
+              if (red) {
+                if (op == TestOp::Max) rop = chorusMax;
+                if (op == TestOp::Avg) rop = chorusAvg;
+                if (op == TestOp::Prod) rop = chorusProd;
+                if (op == TestOp::PreMulSum) {
+                  std::byte scalar[8];
+                  store(t, scalar, 0, kPreMulScalar);
+                  CHECK_OK(chorusRedOpCreatePreMulSum(&rop, scalar, t, chorusScalarHostImmediate, comm));
+                }
+              }
+              const void* send = in_place ? out.data() : in.data();
+              std::byte* o = out.data();
+              switch (coll) {
+                case C::AllReduce: CHECK_OK(chorusAllReduce(send, o, count, t, rop, comm, nullptr)); break;
+                case C::Broadcast: CHECK_OK(chorusBroadcast(send, o, count, t, root, comm, nullptr)); break;
+                case C::Reduce: CHECK_OK(chorusReduce(send, o, count, t, rop, root, comm, nullptr)); break;
+                case C::AllGather:
+                  CHECK_OK(chorusAllGather(in_place ? o + r * count * esz : in.data(), o, count, t, comm, nullptr));
+                  break;
+                case C::ReduceScatter:
+                  CHECK_OK(chorusReduceScatter(send, in_place ? o + r * count * esz : o, count, t, rop, comm, nullptr));
+                  if (in_place) std::memmove(o, o + r * count * esz, count * esz);
+                  break;
+                case C::AllToAll: CHECK_OK(chorusAllToAll(send, o, count, t, comm, nullptr)); break;
+                case C::AllToAllv:
+                  CHECK_OK(chorusAllToAllv(in.data(), sc.data(), sd.data(), o, rc.data(), rd.data(), t, comm, nullptr));
+                  break;
+                case C::SendRecv:
+                  CHECK_OK(chorusGroupStart());
+                  CHECK_OK(chorusSend(in.data(), count, t, (r + 1) % n, comm, nullptr));
+                  CHECK_OK(chorusRecv(o, count, t, (r + n - 1) % n, comm, nullptr));
+                  CHECK_OK(chorusGroupEnd());
+                  break;
+                case C::Barrier: CHECK_OK(chorusBarrier(comm, nullptr)); break;
+              }
+              if (red && op == TestOp::PreMulSum) CHECK_OK(chorusRedOpDestroy(rop, comm));
+              int64_t bad = first_mismatch(t, op, o, want.data(), check_e);
+              if (bad >= 0) {
+                std::printf("FAIL %s count=%zu %s root=%d dtype=%d op=%s: element %lld is %g, expected %g\n",
+                            cname(coll), count, in_place ? "in-place" : "out-of-place", root, static_cast<int>(t),
+                            test_op_name(op), static_cast<long long>(bad), load(t, o, bad), load(t, want.data(), bad));
+                return 1;
+              }
+              ++cases;
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("matrix: %d cases passed\n", cases);
+  return 0;
+}
+
+int run_kill(chorusComm_t comm) {
+  const size_t count = size_t{64} << 20;  // 256 MiB of floats per rank
+  std::vector<float> buf(count, 1.0f);
+  if (g_rank == 2) {
+    chorusRequest_t req;
+    CHECK_OK(chorusIallReduce(buf.data(), buf.data(), count, chorusFloat32, chorusSum, comm, &req));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::printf("rank 2: killing itself in the middle of the all-reduce\n");
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  chorusResult_t res = chorusAllReduce(buf.data(), buf.data(), count, chorusFloat32, chorusSum, comm, nullptr);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string text = chorusGetLastError(comm);
+  std::printf("result %s after %.2f s: %s\n", chorusGetErrorString(res), s, text.c_str());
+  bool ok = res != chorusSuccess && text.find("rank 2") != std::string::npos && s < 10.0;
+  std::printf(ok ? "kill: error names rank 2\n" : "FAIL kill: expected an error naming rank 2 within 10 s\n");
+  return ok ? 0 : 1;
+}
+
+int run_mismatch(chorusComm_t comm, bool dtype) {
+  std::vector<double> buf(1001, 1.0);
+  size_t count = (g_rank == 0 && !dtype) ? 1001 : 1000;
+  chorusDataType_t t = (g_rank == 0 && dtype) ? chorusFloat64 : chorusFloat32;
+  chorusResult_t res = chorusAllReduce(buf.data(), buf.data(), count, t, chorusSum, comm, nullptr);
+  std::string text = chorusGetLastError(comm);
+  std::printf("result %s: %s\n", chorusGetErrorString(res), text.c_str());
+  // Both fingerprints: this rank's call and the other one.
+  bool both = dtype ? (text.find("float") != std::string::npos && text.find("double") != std::string::npos)
+                    : (text.find("count=1000") != std::string::npos && text.find("count=1001") != std::string::npos);
+  bool ok = res != chorusSuccess && both;
+  std::printf(ok ? "mismatch: reported with both fingerprints\n" : "FAIL mismatch: not reported as expected\n");
+  return ok ? 0 : 1;
+}
+
+// Connects to host:port, retrying until it is up; returns the fd or -1.
+int raw_connect(const std::string& hostport) {
+  auto colon = hostport.rfind(':');
+  std::string host = hostport.substr(0, colon), port = hostport.substr(colon + 1);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) == 0) {
+      int fd = socket(res->ai_family, SOCK_STREAM, 0);
+      if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+        freeaddrinfo(res);
+        return fd;
+      }
+      if (fd >= 0) close(fd);
+      freeaddrinfo(res);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::string mode = argc > 1 ? argv[1] : "matrix";
+  int idle_fd = -1;
+  if (mode == "intruder" && std::getenv("CHORUS_RANK") && std::string(std::getenv("CHORUS_RANK")) == "1") {
+    const char* root = std::getenv("CHORUS_ROOT_ADDR");
+    int fd = raw_connect(root ? root : "");
+    if (fd < 0) {
+      std::printf("FAIL intruder: could not reach the rendezvous port\n");
+      return 1;
+    }
+    const char junk[] = "GET / HTTP/1.0\r\n\r\nnot a chorus peer";
+    (void)!write(fd, junk, sizeof(junk));
+    idle_fd = raw_connect(root);  // a second one that says nothing at all
+    std::printf("intruder: sent garbage on one connection, idling on another\n");
+  }
+  chorusComm_t comm = nullptr;
+  chorusResult_t res = chorusCommInitFromEnv(&comm);
+  if (res != chorusSuccess) {
+    std::printf("FAIL init: %s\n", chorusGetLastError(nullptr));
+    return 1;
+  }
+  chorusCommUserRank(comm, &g_rank);
+  chorusCommCount(comm, &g_n);
+  int rc = 1;
+  if (mode == "matrix") rc = run_matrix(comm);
+  else if (mode == "kill") rc = run_kill(comm);
+  else if (mode == "mismatch-count") rc = run_mismatch(comm, false);
+  else if (mode == "mismatch-dtype") rc = run_mismatch(comm, true);
+  else if (mode == "intruder" || mode == "smoke") {
+    std::vector<float> v(1000, 1.0f);
+    res = chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, comm, nullptr);
+    rc = (res == chorusSuccess && v[0] == static_cast<float>(g_n)) ? 0 : 1;
+    std::printf(rc == 0 ? "smoke: job completed\n" : "FAIL smoke: %s\n", chorusGetLastError(comm));
+  } else {
+    std::printf("FAIL unknown mode %s\n", mode.c_str());
+  }
+  if (idle_fd >= 0) close(idle_fd);
+  // After a failure the communicator is broken; destroy still frees it.
+  chorusCommDestroy(comm);
+  return rc;
+}

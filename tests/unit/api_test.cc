@@ -1,0 +1,341 @@
+// The public API beyond the collective matrix: bad input (a test per case, each a clear error naming the argument
+// and no buffer touched), use after destroy, non-blocking requests, split, groups, misuse from two threads, and the
+// C++ layer.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <chorus/chorus.hpp>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/common/world.h"
+
+namespace chorus::test {
+namespace {
+
+// A buffer whose every byte is a sentinel, so "no buffer touched" can be checked.
+struct Guarded {
+  explicit Guarded(size_t n) : bytes(n, std::byte{0x5A}) {}
+  bool untouched() const {
+    for (std::byte b : bytes)
+      if (b != std::byte{0x5A}) return false;
+    return true;
+  }
+  std::vector<std::byte> bytes;
+  void* data() { return bytes.data(); }
+};
+
+// Runs `call` on every rank of a 2-rank world; every rank must get `code` with `needle` in the error text and no
+// buffer touched.
+void expect_bad(const std::function<chorusResult_t(int, chorusComm_t, Guarded&, Guarded&)>& call,
+                chorusResult_t code, const std::string& needle) {
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t comm) {
+    Guarded in(4096), out(4096);
+    chorusResult_t res = call(r, comm, in, out);
+    EXPECT_EQ(res, code) << chorusGetLastError(comm);
+    std::string text = chorusGetLastError(comm);
+    EXPECT_NE(text.find(needle), std::string::npos) << "error text: " << text;
+    EXPECT_TRUE(in.untouched());
+    EXPECT_TRUE(out.untouched());
+  });
+  // The communicators are still healthy afterwards: bad input changes nothing.
+  w.run([&](int r, chorusComm_t comm) {
+    float v = 1.0f;
+    ASSERT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess)
+        << chorusGetLastError(comm);
+    EXPECT_EQ(v, 2.0f);
+  });
+}
+
+TEST(BadInput, NullSendBufferWithCount) {
+  expect_bad([](int, chorusComm_t c, Guarded&, Guarded& out) {
+    return chorusAllReduce(nullptr, out.data(), 16, chorusFloat32, chorusSum, c, nullptr);
+  }, chorusInvalidArgument, "sendbuff");
+}
+
+TEST(BadInput, NullRecvBufferWithCount) {
+  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded&) {
+    return chorusAllGather(in.data(), nullptr, 16, chorusFloat32, c, nullptr);
+  }, chorusInvalidArgument, "recvbuff");
+}
+
+TEST(BadInput, InvalidDatatype) {
+  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
+    return chorusAllReduce(in.data(), out.data(), 16, static_cast<chorusDataType_t>(42), chorusSum, c, nullptr);
+  }, chorusInvalidArgument, "datatype");
+}
+
+TEST(BadInput, InvalidOp) {
+  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
+    return chorusReduceScatter(in.data(), out.data(), 16, chorusFloat32, static_cast<chorusRedOp_t>(77), c, nullptr);
+  }, chorusInvalidArgument, "op");
+}
+
+TEST(BadInput, RootOutOfRange) {
+  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
+    return chorusBroadcast(in.data(), out.data(), 16, chorusFloat32, 2, c, nullptr);
+  }, chorusInvalidArgument, "root");
+  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
+    return chorusReduce(in.data(), out.data(), 16, chorusFloat32, chorusSum, -1, c, nullptr);
+  }, chorusInvalidArgument, "root");
+}
+
+TEST(BadInput, PeerOutOfRange) {
+  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded&) {
+    return chorusSend(in.data(), 16, chorusFloat32, 5, c, nullptr);
+  }, chorusInvalidArgument, "peer");
+  expect_bad([](int, chorusComm_t c, Guarded&, Guarded& out) {
+    return chorusRecv(out.data(), 16, chorusFloat32, -1, c, nullptr);
+  }, chorusInvalidArgument, "peer");
+}
+
+TEST(BadInput, CountWhoseByteSizeOverflows) {
+  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
+    return chorusAllReduce(in.data(), out.data(), std::numeric_limits<size_t>::max() / 2, chorusFloat64, chorusSum,
+                           c, nullptr);
+  }, chorusInvalidArgument, "overflows");
+  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
+    // sendcount * nranks overflows even though sendcount alone fits.
+    return chorusAllGather(in.data(), out.data(), std::numeric_limits<size_t>::max() / 3 * 2, chorusInt8, c, nullptr);
+  }, chorusInvalidArgument, "overflows");
+}
+
+TEST(BadInput, AllToAllvInPlace) {
+  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded&) {
+    size_t counts[2] = {1, 1}, displs[2] = {0, 1};
+    return chorusAllToAllv(in.data(), counts, displs, in.data(), counts, displs, chorusFloat32, c, nullptr);
+  }, chorusInvalidArgument, "in place");
+}
+
+TEST(BadInput, NullCommunicator) {
+  float v = 0;
+  EXPECT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, nullptr, nullptr), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("comm"), std::string::npos);
+}
+
+TEST(BadInput, InvalidRankAtInit) {
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c = nullptr;
+  EXPECT_EQ(chorusCommInitRank(&c, 2, id, 2), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("rank"), std::string::npos);
+  EXPECT_EQ(chorusCommInitRank(&c, 0, id, 0), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("nranks"), std::string::npos);
+  chorusUniqueId junk;
+  std::memset(&junk, 0x42, sizeof(junk));
+  EXPECT_EQ(chorusCommInitRank(&c, 1, junk, 0), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("unique id"), std::string::npos);
+}
+
+TEST(Communicator, UseAfterDestroyIsAnError) {
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c = nullptr;
+  ASSERT_EQ(chorusCommInitRank(&c, 1, id, 0), chorusSuccess) << chorusGetLastError(nullptr);
+  ASSERT_EQ(chorusCommDestroy(c), chorusSuccess);
+  float v = 1;
+  EXPECT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c, nullptr), chorusInvalidUsage);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("destroy"), std::string::npos);
+  int n = 0;
+  EXPECT_EQ(chorusCommCount(c, &n), chorusInvalidUsage);
+  EXPECT_EQ(chorusCommDestroy(c), chorusInvalidUsage);
+}
+
+TEST(Communicator, RankAndSize) {
+  World& w = World::get(3);
+  w.run([&](int r, chorusComm_t c) {
+    int rank = -1, n = -1;
+    ASSERT_EQ(chorusCommUserRank(c, &rank), chorusSuccess);
+    ASSERT_EQ(chorusCommCount(c, &n), chorusSuccess);
+    EXPECT_EQ(rank, r);
+    EXPECT_EQ(n, 3);
+  });
+}
+
+TEST(Communicator, SplitByColorAndKey) {
+  World& w = World::get(5);
+  w.run([&](int r, chorusComm_t c) {
+    // Even and odd ranks; keys reverse the order; rank 4 opts out.
+    int color = r == 4 ? CHORUS_SPLIT_NOCOLOR : r % 2;
+    chorusComm_t sub = nullptr;
+    ASSERT_EQ(chorusCommSplit(c, color, -r, &sub), chorusSuccess) << chorusGetLastError(c);
+    if (r == 4) {
+      EXPECT_EQ(sub, nullptr);
+      return;
+    }
+    int rank = -1, n = -1;
+    chorusCommUserRank(sub, &rank);
+    chorusCommCount(sub, &n);
+    EXPECT_EQ(n, 2);
+    // Keys are -r, so the higher old rank comes first.
+    EXPECT_EQ(rank, (r == 2 || r == 3) ? 0 : 1);
+    int64_t v = r, sum = 0;
+    ASSERT_EQ(chorusAllReduce(&v, &sum, 1, chorusInt64, chorusSum, sub, nullptr), chorusSuccess)
+        << chorusGetLastError(sub);
+    EXPECT_EQ(sum, r % 2 == 0 ? 0 + 2 : 1 + 3);
+    EXPECT_EQ(chorusCommDestroy(sub), chorusSuccess);
+  });
+}
+
+TEST(NonBlocking, RequestsCompleteInOrderAndOverlap) {
+  World& w = World::get(3);
+  w.run([&](int r, chorusComm_t c) {
+    const size_t n = 100000;
+    std::vector<float> a(n, static_cast<float>(r + 1)), b(n * 3), d(n, 1.0f);
+    chorusRequest_t ra = nullptr, rb = nullptr;
+    ASSERT_EQ(chorusIallReduce(a.data(), a.data(), n, chorusFloat32, chorusSum, c, &ra), chorusSuccess);
+    ASSERT_EQ(chorusIallGather(d.data(), b.data(), n, chorusFloat32, c, &rb), chorusSuccess);
+    // A blocking call after queued ones runs after them.
+    float one = 1.0f;
+    ASSERT_EQ(chorusAllReduce(&one, &one, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+    EXPECT_EQ(one, 3.0f);
+    int done = 0;
+    ASSERT_EQ(chorusTest(ra, &done), chorusSuccess);
+    EXPECT_EQ(done, 1);
+    ASSERT_EQ(chorusWait(rb, 10000), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(a[n - 1], 6.0f);
+    EXPECT_EQ(b[3 * n - 1], 1.0f);
+    EXPECT_EQ(chorusRequestFree(ra), chorusSuccess);
+    EXPECT_EQ(chorusRequestFree(rb), chorusSuccess);
+  });
+}
+
+TEST(NonBlocking, WaitTimesOutWhileAPeerIsLate) {
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t c) {
+    float v = 1.0f;
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    chorusRequest_t req = nullptr;
+    ASSERT_EQ(chorusIallReduce(&v, &v, 1, chorusFloat32, chorusSum, c, &req), chorusSuccess);
+    if (r == 0) {
+      EXPECT_EQ(chorusWait(req, 10), chorusTimeout);  // rank 1 has not joined yet
+    }
+    EXPECT_EQ(chorusWait(req, -1), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(v, 2.0f);
+    chorusRequestFree(req);
+  });
+}
+
+TEST(PointToPoint, GroupedExchangeInBothDirections) {
+  World& w = World::get(4);
+  w.run([&](int r, chorusComm_t c) {
+    const int n = 4;
+    const size_t count = 300001;  // several slices
+    std::vector<int32_t> to_next(count, r), to_prev(count, 100 + r), from_prev(count), from_next(count);
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    // Receives first: inside a group the order across peers does not matter.
+    chorusRecv(from_prev.data(), count, chorusInt32, (r + n - 1) % n, c, nullptr);
+    chorusRecv(from_next.data(), count, chorusInt32, (r + 1) % n, c, nullptr);
+    chorusSend(to_next.data(), count, chorusInt32, (r + 1) % n, c, nullptr);
+    chorusSend(to_prev.data(), count, chorusInt32, (r + n - 1) % n, c, nullptr);
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(from_prev[count - 1], (r + n - 1) % n);
+    EXPECT_EQ(from_next[0], 100 + (r + 1) % n);
+  });
+}
+
+TEST(PointToPoint, SendToSelfInAGroup) {
+  World& w = World::get(1);
+  w.run([&](int, chorusComm_t c) {
+    double a = 4.5, b = 0;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    chorusSend(&a, 1, chorusFloat64, 0, c, nullptr);
+    chorusRecv(&b, 1, chorusFloat64, 0, c, nullptr);
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(b, 4.5);
+  });
+}
+
+TEST(PointToPoint, SizeMismatchIsAnError) {
+  World w(2);  // its own world: the error breaks the communicators
+  w.run([&](int r, chorusComm_t c) {
+    std::vector<float> buf(100);
+    chorusResult_t res = r == 0 ? chorusSend(buf.data(), 100, chorusFloat32, 1, c, nullptr)
+                                : chorusRecv(buf.data(), 50, chorusFloat32, 0, c, nullptr);
+    if (r == 1) {
+      EXPECT_EQ(res, chorusRemoteError);
+      EXPECT_NE(std::string(chorusGetLastError(c)).find("bytes"), std::string::npos) << chorusGetLastError(c);
+    }
+  });
+}
+
+TEST(Collectives, BarrierWaitsForEveryRank) {
+  World& w = World::get(4);
+  std::atomic<int> arrived{0};
+  w.run([&](int r, chorusComm_t c) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 * r));
+    arrived++;
+    ASSERT_EQ(chorusBarrier(c, nullptr), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(arrived.load(), 4);
+  });
+}
+
+TEST(Collectives, MinMaxPropagateNaN) {
+  World& w = World::get(3);
+  w.run([&](int r, chorusComm_t c) {
+    float v[2] = {static_cast<float>(r), r == 1 ? std::numeric_limits<float>::quiet_NaN() : 1.0f};
+    float mx[2], mn[2];
+    ASSERT_EQ(chorusAllReduce(v, mx, 2, chorusFloat32, chorusMax, c, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusAllReduce(v, mn, 2, chorusFloat32, chorusMin, c, nullptr), chorusSuccess);
+    EXPECT_EQ(mx[0], 2.0f);
+    EXPECT_EQ(mn[0], 0.0f);
+    EXPECT_TRUE(std::isnan(mx[1]));
+    EXPECT_TRUE(std::isnan(mn[1]));
+  });
+}
+
+TEST(Threads, TwoThreadsOnOneCommunicatorIsReported) {
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c[2] = {nullptr, nullptr};
+  std::thread t1([&] { ASSERT_EQ(chorusCommInitRank(&c[1], 2, id, 1), chorusSuccess); });
+  ASSERT_EQ(chorusCommInitRank(&c[0], 2, id, 0), chorusSuccess);
+  t1.join();
+  // Rank 0's communicator is driven by two threads at once while rank 1 is late: one of them must be refused.
+  std::atomic<int> refused{0}, ok{0};
+  std::vector<std::thread> users;
+  for (int i = 0; i < 2; ++i)
+    users.emplace_back([&] {
+      float v = 1;
+      chorusResult_t res = chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c[0], nullptr);
+      if (res == chorusInvalidUsage) refused++;
+      else if (res == chorusSuccess) ok++;
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  float v = 1;
+  ASSERT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c[1], nullptr), chorusSuccess);
+  for (auto& t : users) t.join();
+  EXPECT_EQ(refused.load(), 1);
+  EXPECT_EQ(ok.load(), 1);
+  EXPECT_NE(std::string(chorusGetLastError(c[0])).find("two threads"), std::string::npos);
+  chorusCommDestroy(c[0]);
+  chorusCommDestroy(c[1]);
+}
+
+TEST(CppApi, CommAndRequests) {
+  chorus::UniqueId id = chorus::UniqueId::create();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      chorus::Comm comm(3, id, r);
+      EXPECT_EQ(comm.rank(), r);
+      EXPECT_EQ(comm.size(), 3);
+      std::vector<double> x(10, r + 1.0);
+      comm.all_reduce(std::span<double>(x), chorus::Op::Max);
+      EXPECT_EQ(x[9], 3.0);
+      std::vector<int32_t> shard(4, r), full(12);
+      chorus::Request req = comm.iall_gather(std::span<const int32_t>(shard), std::span<int32_t>(full));
+      req.wait();
+      EXPECT_EQ(full[11], 2);
+      EXPECT_THROW(comm.all_gather(std::span<const int32_t>(shard), std::span<int32_t>(shard)), chorus::CommError);
+    });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+}  // namespace chorus::test

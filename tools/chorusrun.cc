@@ -1,0 +1,227 @@
+// chorusrun: the local launcher. `chorusrun -n N [--] prog args...` starts N ranks of `prog` on this host with
+// CHORUS_RANK, CHORUS_NRANKS, CHORUS_LOCAL_RANK, CHORUS_ROOT_ADDR and a fresh CHORUS_SECRET, prefixes every line
+// they print with their rank, and when any rank fails (non-zero exit or a signal) stops the others and exits
+// non-zero. Exit code: 0 if every rank exited 0; else the first failing rank's exit code (128 + signal for a
+// signal); 2 for bad usage.
+#include <fcntl.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bootstrap/socket.h"
+#include "bootstrap/unique_id.h"
+
+namespace {
+
+struct Rank {
+  pid_t pid = -1;
+  int out_fd = -1;  // read end of the rank's stdout+stderr pipe
+  std::string partial;
+  bool exited = false;
+  int status = 0;
+};
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: chorusrun -n N [--timeout SECONDS] [--] prog [args...]\n"
+               "  -n, --nranks N       ranks to start on this host (1..1024)\n"
+               "      --timeout SEC    stop every rank after SEC seconds (default: no limit)\n"
+               "  -h, --help           this text\n"
+               "Each rank gets CHORUS_RANK, CHORUS_NRANKS, CHORUS_LOCAL_RANK, CHORUS_ROOT_ADDR and CHORUS_SECRET.\n");
+}
+
+// A free loopback port for rank 0's rendezvous service.
+int free_port() {
+  sockaddr_storage addr = chorus::resolve("127.0.0.1", 0);
+  chorus::Socket s = chorus::Socket::listen(addr);
+  return chorus::sockaddr_port(s.local_addr());
+}
+
+void flush_lines(int rank, Rank& r, bool final) {
+  size_t start = 0;
+  for (size_t nl; (nl = r.partial.find('\n', start)) != std::string::npos; start = nl + 1)
+    std::printf("[%d] %.*s\n", rank, static_cast<int>(nl - start), r.partial.data() + start);
+  r.partial.erase(0, start);
+  if (final && !r.partial.empty()) {
+    std::printf("[%d] %s\n", rank, r.partial.c_str());
+    r.partial.clear();
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = 0;
+  double timeout_s = 0;
+  static option longopts[] = {{"nranks", required_argument, nullptr, 'n'},
+                               {"timeout", required_argument, nullptr, 't'},
+                               {"help", no_argument, nullptr, 'h'},
+                               {nullptr, 0, nullptr, 0}};
+  int c;
+  // '+' stops at the first non-option: the program's own flags are not ours.
+  while ((c = getopt_long(argc, argv, "+n:h", longopts, nullptr)) != -1) {
+    switch (c) {
+      case 'n': {
+        char* end = nullptr;
+        long v = std::strtol(optarg, &end, 10);
+        if (*end != '\0' || v < 1 || v > 1024) {
+          std::fprintf(stderr, "chorusrun: -n %s: expected a rank count between 1 and 1024\n", optarg);
+          return 2;
+        }
+        n = static_cast<int>(v);
+        break;
+      }
+      case 't': {
+        char* end = nullptr;
+        timeout_s = std::strtod(optarg, &end);
+        if (*end != '\0' || timeout_s <= 0) {
+          std::fprintf(stderr, "chorusrun: --timeout %s: expected a positive number of seconds\n", optarg);
+          return 2;
+        }
+        break;
+      }
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (n == 0 || optind >= argc) {
+    std::fprintf(stderr, "chorusrun: %s\n", n == 0 ? "-n N is required" : "no program given");
+    usage(stderr);
+    return 2;
+  }
+
+  std::string root_addr, secret;
+  try {
+    root_addr = "127.0.0.1:" + std::to_string(free_port());
+    secret = chorus::secret_to_hex(chorus::random_secret());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorusrun: %s\n", e.what());
+    return 1;
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Rank> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      std::perror("chorusrun: pipe");
+      return 1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("chorusrun: fork");
+      return 1;
+    }
+    if (pid == 0) {
+      setpgid(0, 0);  // its own group, so stopping a rank stops what it started too
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      setenv("CHORUS_RANK", std::to_string(r).c_str(), 1);
+      setenv("CHORUS_NRANKS", std::to_string(n).c_str(), 1);
+      setenv("CHORUS_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("CHORUS_ROOT_ADDR", root_addr.c_str(), 1);
+      setenv("CHORUS_SECRET", secret.c_str(), 1);
+      execvp(argv[optind], argv + optind);
+      std::fprintf(stderr, "chorusrun: cannot run %s: %s\n", argv[optind], std::strerror(errno));
+      _exit(127);
+    }
+    setpgid(pid, pid);
+    close(fds[1]);
+    ranks[r].pid = pid;
+    ranks[r].out_fd = fds[0];
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  int exit_code = 0, first_failed = -1, running = n;
+  bool stopping = false;
+  auto stop_all = [&](int sig) {
+    for (Rank& r : ranks)
+      if (!r.exited) kill(-r.pid, sig);
+  };
+  std::chrono::steady_clock::time_point stop_at;
+  while (running > 0) {
+    std::vector<pollfd> pfds;
+    std::vector<int> who;
+    for (int r = 0; r < n; ++r)
+      if (ranks[r].out_fd >= 0) {
+        pfds.push_back({ranks[r].out_fd, POLLIN, 0});
+        who.push_back(r);
+      }
+    if (!pfds.empty()) poll(pfds.data(), pfds.size(), 100);
+    else usleep(100000);
+    for (size_t i = 0; i < pfds.size(); ++i) {
+      if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Rank& r = ranks[who[i]];
+      char buf[65536];
+      ssize_t got = read(r.out_fd, buf, sizeof(buf));
+      if (got > 0) {
+        r.partial.append(buf, static_cast<size_t>(got));
+        flush_lines(who[i], r, false);
+      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+        flush_lines(who[i], r, true);
+        close(r.out_fd);
+        r.out_fd = -1;
+      }
+    }
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (int r = 0; r < n; ++r) {
+        if (ranks[r].pid != pid) continue;
+        ranks[r].exited = true;
+        ranks[r].status = status;
+        --running;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (code != 0 && first_failed < 0 && !stopping) {
+          first_failed = r;
+          exit_code = code;
+          std::fprintf(stderr, "chorusrun: rank %d %s %d; stopping the other ranks\n", r,
+                       WIFEXITED(status) ? "exited with code" : "was killed by signal",
+                       WIFEXITED(status) ? code : WTERMSIG(status));
+        }
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!stopping && (first_failed >= 0 || g_signal != 0 ||
+                      (timeout_s > 0 && now - start > std::chrono::duration<double>(timeout_s)))) {
+      if (first_failed < 0) {
+        exit_code = g_signal ? 128 + g_signal : 124;
+        std::fprintf(stderr, "chorusrun: %s; stopping every rank\n", g_signal ? "interrupted" : "timed out");
+      }
+      // The others get a few seconds to report the failure themselves (their error names the failed rank), then
+      // are terminated.
+      stopping = true;
+      stop_at = now + std::chrono::seconds(first_failed >= 0 ? 10 : 0);
+    }
+    if (stopping && now >= stop_at) {
+      stop_all(SIGTERM);
+      if (now >= stop_at + std::chrono::seconds(3)) stop_all(SIGKILL);
+    }
+  }
+  for (int r = 0; r < n; ++r)
+    if (ranks[r].out_fd >= 0) {
+      char buf[65536];
+      ssize_t got;
+      while ((got = read(ranks[r].out_fd, buf, sizeof(buf))) > 0) ranks[r].partial.append(buf, static_cast<size_t>(got));
+      flush_lines(r, ranks[r], true);
+    }
+  return exit_code;
+}
