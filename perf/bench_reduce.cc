@@ -24,9 +24,20 @@ std::vector<uint8_t> make_data(chorusDataType_t dt, size_t bytes, int seed) {
     const float v = static_cast<float>(k % 97) * 0.03125f - 1.5f;
     uint16_t h = 0;
     switch (dt) {
-      case chorusFloat32: std::memcpy(&buf[i], &v, 4); i += 4; break;
-      case chorusFloat16: h = float_to_half(v); std::memcpy(&buf[i], &h, 2); i += 2; break;
-      case chorusBfloat16: h = float_to_bf16(v); std::memcpy(&buf[i], &h, 2); i += 2; break;
+      case chorusFloat32:
+        std::memcpy(&buf[i], &v, 4);
+        i += 4;
+        break;
+      case chorusFloat16:
+        h = float_to_half(v);
+        std::memcpy(&buf[i], &h, 2);
+        i += 2;
+        break;
+      case chorusBfloat16:
+        h = float_to_bf16(v);
+        std::memcpy(&buf[i], &h, 2);
+        i += 2;
+        break;
       case chorusFloat8e4m3: buf[i++] = float_to_e4m3(v); break;
       default: buf[i++] = static_cast<uint8_t>(k); break;
     }

@@ -95,6 +95,8 @@ bool closed_between_frames(const Socket& sock) {
   }
 }
 
+std::atomic<int> g_alive{0};
+
 class RootBootstrap final : public Bootstrap {
  public:
   RootBootstrap(Socket sock, std::string root_text, int rank, int nranks, std::vector<Blob> peer_info,
@@ -105,10 +107,14 @@ class RootBootstrap final : public Bootstrap {
         nranks_(nranks),
         peer_info_(std::move(peer_info)),
         io_timeout_ms_(io_timeout_ms) {
+    g_alive.fetch_add(1);
     service_ = std::thread([this] { service_loop(); });
   }
 
   ~RootBootstrap() override {
+    struct Count {
+      ~Count() { g_alive.fetch_sub(1); }
+    } count;
     State before;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -362,6 +368,8 @@ class RootBootstrap final : public Bootstrap {
 }
 
 }  // namespace
+
+int bootstraps_alive() { return g_alive.load(); }
 
 std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int nranks, const Blob& info,
                                            Deadline deadline) {

@@ -64,4 +64,7 @@ class Bootstrap {
   std::atomic<bool> failed_{false};
 };
 
+// Bootstraps (communicators) alive in this process.
+int bootstraps_alive();
+
 }  // namespace chorus

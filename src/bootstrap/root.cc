@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "bootstrap/auth.h"
+#include "bootstrap/bootstrap.h"
 #include "bootstrap/socket.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -723,8 +724,11 @@ class RootService {
 
 namespace {
 // The process that hosts a root must not take it down while ranks elsewhere still use it (rank 0 often finishes
-// first): at exit, wait for every joined rank to say goodbye or die, for at most CHORUS_TIMEOUT_MS.
+// first): at exit, wait for every joined rank to say goodbye or die, for at most CHORUS_TIMEOUT_MS. Only when no
+// communicator of this process is still alive: those would say goodbye after this handler, so waiting for them
+// could only time out.
 void wait_for_roots_at_exit() {
+  if (bootstraps_alive() > 0) return;
   int64_t ms = 300000;
   try {
     ms = param_int(Param::TimeoutMs);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -352,6 +353,25 @@ void CommImpl::run(const CollArgs& a) {
       size_t rb = self_recv[i]->count * dtype_size(self_recv[i]->dtype);
       if (sb != rb) bad_arg(cat("rank ", rank_, ": send to itself of ", sb, " bytes matches a receive of ", rb));
       if (sb > 0 && self_send[i]->buf != self_recv[i]->buf) std::memcpy(self_recv[i]->buf, self_send[i]->buf, sb);
+    }
+    // Sends read their buffers as they were when the group was issued: a send whose bytes a receive of the same
+    // group may overwrite (e.g. send and receive in one buffer) is staged through scratch first.
+    size_t staged = 0;
+    std::vector<size_t> stage_at(in_ptr.size(), SIZE_MAX);
+    for (size_t i = 0; i < in_ptr.size(); ++i)
+      for (size_t j = 0; j < out_ptr.size(); ++j)
+        if (in_len[i] > 0 && out_len[j] > 0 && in_ptr[i] < out_ptr[j] + out_len[j] && out_ptr[j] < in_ptr[i] + in_len[i]) {
+          stage_at[i] = staged;
+          staged += in_len[i];
+          break;
+        }
+    if (staged > 0) {
+      if (scratch_.size() < staged) scratch_.resize(staged);
+      for (size_t i = 0; i < in_ptr.size(); ++i)
+        if (stage_at[i] != SIZE_MAX) {
+          std::memcpy(scratch_.data() + stage_at[i], in_ptr[i], in_len[i]);
+          in_ptr[i] = scratch_.data() + stage_at[i];
+        }
     }
     for (auto& [key, lane] : lanes) p2p_prog.lanes.push_back(std::move(lane));
     p2p_prog.input = {static_cast<int>(in_ptr.size()), 1};

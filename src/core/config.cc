@@ -22,8 +22,8 @@ constexpr ParamInfo kParams[] = {
     {Param::Transports, "CHORUS_TRANSPORTS", "string", "local,shm,tcp",
      "Transports allowed, in priority order; for each peer the first that can connect is used."},
     {Param::SocketIfname, "CHORUS_SOCKET_IFNAME", "string", "",
-     "Network interface for bootstrap and tcp (e.g. eth0). Default: the interface that reaches the root, or "
-     "loopback."},
+     "Network interface for bootstrap and tcp (e.g. eth0). Default: the first interface that is up and not "
+     "loopback, else loopback. A name that does not exist is an error listing the names that do."},
     {Param::SliceBytes, "CHORUS_SLICE_BYTES", "size", "256K",
      "Pipelining unit: bytes per message on a connection (and per FIFO slot)."},
     {Param::FifoDepth, "CHORUS_FIFO_DEPTH", "int", "4", "Slots per connection FIFO (messages in flight)."},

@@ -239,6 +239,20 @@ TEST(PointToPoint, GroupedExchangeInBothDirections) {
   });
 }
 
+TEST(PointToPoint, SendAndReceiveInOneBuffer) {
+  World& w = World::get(3);
+  w.run([&](int r, chorusComm_t c) {
+    const int n = 3;
+    std::vector<int64_t> buf(200003, 1000 + r);  // several slices
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    chorusSend(buf.data(), buf.size(), chorusInt64, (r + 1) % n, c, nullptr);
+    chorusRecv(buf.data(), buf.size(), chorusInt64, (r + n - 1) % n, c, nullptr);
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(buf.front(), 1000 + (r + n - 1) % n);
+    EXPECT_EQ(buf.back(), 1000 + (r + n - 1) % n);
+  });
+}
+
 TEST(PointToPoint, SendToSelfInAGroup) {
   World& w = World::get(1);
   w.run([&](int, chorusComm_t c) {
