@@ -14,9 +14,9 @@ Program pairwise_alltoallv(const ProgramParams& p) {
   prog.coll = Coll::AllToAllv;
   return prog;
 }
-Program ring_barrier(const ProgramParams& p) {
-  // A zero-byte ring all-reduce: no rank's result is complete before every rank has contributed.
-  Program prog = ring_allreduce(p);
+Program oneshot_barrier(const ProgramParams& p) {
+  // A zero-byte one-shot all-reduce: no rank finishes before it heard from every rank, in one hop.
+  Program prog = oneshot_allreduce(p);
   prog.coll = Coll::Barrier;
   return prog;
 }
@@ -30,7 +30,11 @@ constexpr AlgorithmInfo kAlgorithms[] = {
     {4, Coll::Reduce, "ring", "pipelined chain around the ring ending at the root", chain_reduce},
     {5, Coll::AllToAll, "pairwise", "pairwise exchange, N-1 steps, step t pairs ranks t apart", pairwise_alltoall},
     {6, Coll::AllToAllv, "pairwise", "pairwise exchange with per-peer counts", pairwise_alltoallv},
-    {7, Coll::Barrier, "ring", "zero-byte ring all-reduce", ring_barrier},
+    {7, Coll::Barrier, "oneshot", "zero-byte one-shot all-reduce: every rank hears from every rank in one hop",
+     oneshot_barrier},
+    {8, Coll::AllReduce, "oneshot",
+     "every rank sends its input to every rank and reduces in rank order: one hop, for small messages",
+     oneshot_allreduce},
 };
 }  // namespace
 

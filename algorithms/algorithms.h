@@ -35,6 +35,7 @@ std::shared_ptr<const Program> get_program(const AlgorithmInfo& algo, const Prog
 
 // Generators (exposed for tests).
 Program ring_allreduce(const ProgramParams& p);
+Program oneshot_allreduce(const ProgramParams& p);
 Program ring_allgather(const ProgramParams& p);
 Program ring_reduce_scatter(const ProgramParams& p);
 Program chain_broadcast(const ProgramParams& p);

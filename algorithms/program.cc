@@ -29,6 +29,7 @@ const char* opcode_name(OpCode op) {
     case OpCode::RecvReduceCopySend: return "recv_reduce_copy_send";
     case OpCode::RecvCopySend: return "recv_copy_send";
     case OpCode::Copy: return "copy";
+    case OpCode::Reduce: return "reduce";
   }
   return "?";
 }

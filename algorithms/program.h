@@ -48,23 +48,25 @@ enum class OpCode : uint8_t {
   RecvReduceCopySend,  // dst = msg_out = msg_in (+) src
   RecvCopySend,        // dst = msg_out = msg_in
   Copy,                // dst = src
+  Reduce,              // dst = dst (+) src (local; dst must hold data)
 };
 const char* opcode_name(OpCode op);
-inline bool op_receives(OpCode op) { return op != OpCode::Send && op != OpCode::Copy; }
+inline bool op_receives(OpCode op) { return op != OpCode::Send && op != OpCode::Copy && op != OpCode::Reduce; }
 inline bool op_sends(OpCode op) {
   return op == OpCode::Send || op == OpCode::RecvReduceSend || op == OpCode::RecvReduceCopySend ||
          op == OpCode::RecvCopySend;
 }
 inline bool op_reads_src(OpCode op) {
   return op == OpCode::Send || op == OpCode::RecvReduce || op == OpCode::RecvReduceSend ||
-         op == OpCode::RecvReduceCopySend || op == OpCode::Copy;
+         op == OpCode::RecvReduceCopySend || op == OpCode::Copy || op == OpCode::Reduce;
 }
 inline bool op_writes_dst(OpCode op) {
   return op == OpCode::Recv || op == OpCode::RecvReduce || op == OpCode::RecvReduceCopySend ||
-         op == OpCode::RecvCopySend || op == OpCode::Copy;
+         op == OpCode::RecvCopySend || op == OpCode::Copy || op == OpCode::Reduce;
 }
 inline bool op_reduces(OpCode op) {
-  return op == OpCode::RecvReduce || op == OpCode::RecvReduceSend || op == OpCode::RecvReduceCopySend;
+  return op == OpCode::RecvReduce || op == OpCode::RecvReduceSend || op == OpCode::RecvReduceCopySend ||
+         op == OpCode::Reduce;
 }
 
 struct Step {

@@ -64,6 +64,46 @@ Program ring_allreduce(const ProgramParams& p) {
   return prog;
 }
 
+Program oneshot_allreduce(const ProgramParams& p) {
+  Program prog = make(Coll::AllReduce, "oneshot", p);
+  const int n = p.nranks, nch = p.nchannels;
+  auto acc = [](int c) { return ChunkRef{BufKind::Scratch, c}; };
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {1, nch};
+    rp.output = {1, nch};
+    rp.scratch = {1, nch};
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      if (n == 1) {
+        lane.steps.push_back(copy(in(ch), out(ch), true));
+        rp.lanes.push_back(std::move(lane));
+        continue;
+      }
+      // Everyone sends its whole input to everyone, then every rank adds the contributions in rank order
+      // 0..n-1 into scratch, so all compute bit for bit the same value, with one hop of latency. The output is
+      // written last, so in place never overwrites an input still to be read.
+      for (int t = 1; t < n; ++t) lane.steps.push_back(send(mod(r + t, n), in(ch)));
+      if (r == 0) {
+        lane.steps.push_back(Step{OpCode::RecvReduce, 1, -1, in(ch), acc(ch), false});  // x1 (+) x0
+      } else {
+        lane.steps.push_back(recv(0, acc(ch)));
+      }
+      for (int q = 1; q < n; ++q) {
+        if (r == 0 && q == 1) continue;
+        if (q == r) {
+          lane.steps.push_back(Step{OpCode::Reduce, -1, -1, in(ch), acc(ch), false});
+        } else {
+          lane.steps.push_back(Step{OpCode::RecvReduce, q, -1, acc(ch), acc(ch), false});
+        }
+      }
+      lane.steps.push_back(copy(acc(ch), out(ch), true));
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
 Program ring_allgather(const ProgramParams& p) {
   Program prog = make(Coll::AllGather, "ring", p);
   const int n = p.nranks, nch = p.nchannels;

@@ -263,6 +263,31 @@ class Run {
         result = msg->value;
         part = msg->part;
         break;
+      case OpCode::Reduce: {
+        if (!is_reduction(prog_.coll)) {
+          error_ = where(r, lane, step) + ": reduces in a collective without a reduction";
+          return true;
+        }
+        int cell = cell_of(r, s.dst, "dst", lane, step);
+        if (cell < 0) return true;
+        const Value& acc = cells_[cell];
+        if (!acc.defined || acc.pristine) {
+          error_ = where(r, lane, step) + ": reduces into a chunk that holds no partial result";
+          return true;
+        }
+        if (acc.finals > 0 || src->finals > 0) {
+          error_ = where(r, lane, step) + ": reduces a value that was already finished";
+          return true;
+        }
+        if (part_of(r, s.dst) != part_of(r, s.src)) {
+          error_ = where(r, lane, step) + ": reduces chunks of different parts (sizes may differ)";
+          return true;
+        }
+        result = *src;
+        result.contribs = merge(acc.contribs, src->contribs);
+        part = part_of(r, s.src);
+        break;
+      }
       case OpCode::RecvReduce:
       case OpCode::RecvReduceSend:
       case OpCode::RecvReduceCopySend:

@@ -28,13 +28,13 @@ void futex_wake(std::atomic<uint32_t>* word) {
 }  // namespace
 
 size_t SlotFifo::region_bytes(size_t slot_bytes, int depth) {
-  return sizeof(Control) + static_cast<size_t>(depth) * (kHeaderSpace + round_up(slot_bytes, 64));
+  return sizeof(Control) + static_cast<size_t>(depth) * round_up(kHeaderSpace + slot_bytes, 64);
 }
 
 SlotFifo::SlotFifo(void* region, size_t slot_bytes, int depth, bool initialize)
     : ctl_(static_cast<Control*>(region)),
       slots_(static_cast<std::byte*>(region) + sizeof(Control)),
-      stride_(kHeaderSpace + round_up(slot_bytes, 64)),
+      stride_(round_up(kHeaderSpace + slot_bytes, 64)),
       depth_(static_cast<uint32_t>(depth)) {
   CHORUS_ASSERT(depth >= 1);
   CHORUS_ASSERT(reinterpret_cast<uintptr_t>(region) % 64 == 0);

@@ -30,14 +30,18 @@ class SlotFifo {
 
  private:
   // Counters are 32-bit so they can be futex words; they wrap, and only differences (at most depth) are used.
+  // Each counter shares its line with the flag its writer reads on every advance, so that read hits locally;
+  // the other side writes the flag only when it goes to sleep.
   struct alignas(64) Control {
-    alignas(64) std::atomic<uint32_t> head;
-    std::atomic<uint32_t> head_waiting;  // the receiver sleeps on head
-    alignas(64) std::atomic<uint32_t> tail;
-    std::atomic<uint32_t> tail_waiting;  // the sender sleeps on tail
+    alignas(64) std::atomic<uint32_t> head;  // written by the sender
+    std::atomic<uint32_t> head_waiting;      // set by the receiver while it sleeps on head
+    alignas(64) std::atomic<uint32_t> tail;  // written by the receiver
+    std::atomic<uint32_t> tail_waiting;      // set by the sender while it sleeps on tail
   };
   static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4);
-  static constexpr size_t kHeaderSpace = 64;  // WireHeader padded to a cache line, so payloads stay aligned
+  // The payload follows the header at a 16-byte boundary: up to 16 payload bytes share the header's cache line,
+  // so a small message moves one line, not two.
+  static constexpr size_t kHeaderSpace = 48;
 
   std::byte* slot(uint32_t i) const { return slots_ + (i % depth_) * stride_; }
 

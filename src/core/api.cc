@@ -3,9 +3,9 @@
 #include <chorus/chorus.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <mutex>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -17,8 +17,10 @@
 #include "core/dtype.h"
 #include "core/log.h"
 
+// Handles are never freed: destroy clears `impl` and leaves a small tombstone, so a handle used after destroy is
+// reported (chorusInvalidUsage) instead of reading freed memory, without a global lookup on every call.
 struct chorusComm {
-  std::unique_ptr<chorus::CommImpl> impl;
+  std::atomic<chorus::CommImpl*> impl{nullptr};
   std::mutex err_mu;
   std::string last_error;
 };
@@ -31,17 +33,11 @@ struct chorusRequest {
 namespace chorus {
 namespace {
 
-std::mutex g_live_mu;
-std::set<const chorusComm*> g_live;  // communicators not yet destroyed: catches use after destroy
-
 thread_local std::string t_last_error;
 
 void set_error(chorusComm* comm, const std::string& text) {
   t_last_error = text;
   if (comm) {
-    // The handle may be stale (used after destroy): only a live communicator keeps the text.
-    std::lock_guard<std::mutex> live_lock(g_live_mu);
-    if (!g_live.count(comm)) return;
     std::lock_guard<std::mutex> lock(comm->err_mu);
     comm->last_error = text;
   }
@@ -67,18 +63,21 @@ chorusResult_t guarded(chorusComm* comm, F&& f) {
 
 CommImpl& live(chorusComm* comm) {
   if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
-  std::lock_guard<std::mutex> lock(g_live_mu);
-  if (!g_live.count(comm))
+  CommImpl* impl = comm->impl.load(std::memory_order_acquire);
+  if (impl == nullptr)
     throw Error(chorusInvalidUsage, Subsys::Core, "comm is not a live communicator (used after destroy?)");
-  return *comm->impl;
+  return *impl;
 }
 
 chorusComm* wrap(std::unique_ptr<CommImpl> impl) {
   auto* c = new chorusComm;
-  c->impl = std::move(impl);
-  std::lock_guard<std::mutex> lock(g_live_mu);
-  g_live.insert(c);
+  c->impl.store(impl.release(), std::memory_order_release);
   return c;
+}
+
+// Frees the communicator and leaves the handle as a tombstone.
+void retire(chorusComm* comm) {
+  delete comm->impl.exchange(nullptr, std::memory_order_acq_rel);
 }
 
 // Group state: point-to-point calls between chorusGroupStart and chorusGroupEnd, per thread.
@@ -163,11 +162,7 @@ const char* chorusGetErrorString(chorusResult_t r) {
 }
 
 const char* chorusGetLastError(chorusComm_t comm) {
-  if (comm == nullptr) return t_last_error.c_str();
-  {
-    std::lock_guard<std::mutex> lock(g_live_mu);
-    if (!g_live.count(comm)) return t_last_error.c_str();
-  }
+  if (comm == nullptr || comm->impl.load(std::memory_order_acquire) == nullptr) return t_last_error.c_str();
   std::lock_guard<std::mutex> lock(comm->err_mu);
   t_last_error = comm->last_error;
   return t_last_error.c_str();
@@ -218,11 +213,7 @@ chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm
 chorusResult_t chorusCommDestroy(chorusComm_t comm) {
   return guarded(nullptr, [&] {
     live(comm);
-    {
-      std::lock_guard<std::mutex> lock(g_live_mu);
-      g_live.erase(comm);
-    }
-    delete comm;
+    retire(comm);
   });
 }
 
@@ -230,11 +221,7 @@ chorusResult_t chorusCommAbort(chorusComm_t comm) {
   return guarded(nullptr, [&] {
     CommImpl& c = live(comm);
     c.abort();
-    {
-      std::lock_guard<std::mutex> lock(g_live_mu);
-      g_live.erase(comm);
-    }
-    delete comm;
+    retire(comm);
   });
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -70,6 +71,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
     bad_arg(cat("CHORUS_FIFO_DEPTH=", fifo_depth_, " must be between 2 and 64 (steps that receive and send need 2)"));
   nchannels_ = static_cast<int>(param_int(Param::NChannels));
   if (nchannels_ < 1 || nchannels_ > 32) bad_arg(cat("CHORUS_NCHANNELS=", nchannels_, " must be between 1 and 32"));
+  oneshot_max_bytes_ = static_cast<size_t>(param_int(Param::OneShotMaxBytes));
   timeout_ms_ = param_int(Param::TimeoutMs);
   if (timeout_ms_ <= 0) bad_arg(cat("CHORUS_TIMEOUT_MS=", timeout_ms_, " must be positive"));
   comm_id_ = fnv1a(id.secret.data(), id.secret.size(), fnv1a(&id.root, sizeof(id.root)));
@@ -214,6 +216,7 @@ void CommImpl::fail(const Error& e) {
   if (broken_ != chorusSuccess) return;
   broken_ = e.code();
   broken_text_ = e.what();
+  is_broken_.store(true, std::memory_order_release);
   // Tell everyone, unless the failure came from elsewhere and is already known.
   if (!bootstrap_->failed() && !aborted_) bootstrap_->report_failure(broken_text_);
 }
@@ -236,6 +239,7 @@ void CommImpl::abort() {
     if (broken_ == chorusSuccess) {
       broken_ = chorusInvalidUsage;
       broken_text_ = cat("rank ", rank_, ": communicator was aborted");
+      is_broken_.store(true, std::memory_order_release);
     }
   }
 }
@@ -305,16 +309,16 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
 }
 
 void CommImpl::run(const CollArgs& a) {
-  {
+  if (is_broken_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(err_mu_);
-    if (broken_ != chorusSuccess) throw Error(broken_, Subsys::Core, broken_text_);
+    throw Error(broken_, Subsys::Core, broken_text_);
   }
   check_abort();
   const Deadline deadline = Deadline::after_ms(timeout_ms_);
   const int n = nranks_, nch = nchannels_;
   const size_t esz = a.coll == Coll::SendRecv ? 1 : dtype_size(a.coll == Coll::Barrier ? chorusUint8 : a.dtype);
 
-  std::shared_ptr<const algo::Program> shared_prog;
+  const algo::Program* shared_prog = nullptr;  // owned by programs_
   algo::RankProgram p2p_prog;
   const algo::RankProgram* prog = nullptr;
   Layout layout;
@@ -366,11 +370,11 @@ void CommImpl::run(const CollArgs& a) {
           break;
         }
     if (staged > 0) {
-      if (scratch_.size() < staged) scratch_.resize(staged);
+      if (staging_.size() < staged) staging_.resize(staged);
       for (size_t i = 0; i < in_ptr.size(); ++i)
         if (stage_at[i] != SIZE_MAX) {
-          std::memcpy(scratch_.data() + stage_at[i], in_ptr[i], in_len[i]);
-          in_ptr[i] = scratch_.data() + stage_at[i];
+          std::memcpy(staging_.data() + stage_at[i], in_ptr[i], in_len[i]);
+          in_ptr[i] = staging_.data() + stage_at[i];
         }
     }
     for (auto& [key, lane] : lanes) p2p_prog.lanes.push_back(std::move(lane));
@@ -381,44 +385,49 @@ void CommImpl::run(const CollArgs& a) {
     prog = &p2p_prog;
     hdr.seq = uint64_t{1} << 63;  // p2p is not sequenced with collectives; sizes are still checked per message
   } else {
-    const algo::AlgorithmInfo& algo_info = algo::default_algorithm(a.coll);
-    shared_prog = algo::get_program(algo_info, {n, a.root, nch});
+    // Until the topology-aware selector exists: the ring, except one-shot for small all-reduces.
+    const algo::AlgorithmInfo* chosen = &algo::default_algorithm(a.coll);
+    if (a.coll == Coll::AllReduce && n > 1 && a.count * esz <= oneshot_max_bytes_)
+      chosen = algo::find_algorithm(Coll::AllReduce, "oneshot");
+    const algo::AlgorithmInfo& algo_info = *chosen;
+    auto& cached = programs_[{algo_info.id, a.root}];
+    if (!cached) cached = algo::get_program(algo_info, {n, a.root, nch});
+    shared_prog = cached.get();
     prog = &shared_prog->ranks[rank_];
     hdr.seq = ++seq_;
     hdr.count = a.coll == Coll::AllToAllv ? 0 : a.count;
     hdr.dtype = static_cast<uint8_t>(a.dtype);
     hdr.op = static_cast<uint8_t>(is_reduction(a.coll) ? std::min<int>(a.op, chorusNumOps) : 0);
     hdr.root = (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) ? a.root : 0;
+    // The API fixes the blocks of each buffer; the program fixes how many parts each block is cut into.
     void* send = const_cast<void*>(a.send);
+    const int pin = prog->input.parts, pout = prog->output.parts;
     switch (a.coll) {
       case Coll::AllReduce:
       case Coll::Barrier:
-        layout.set_uniform(BufKind::Input, send, 1, a.count, n * nch);
-        layout.set_uniform(BufKind::Output, a.recv, 1, a.count, n * nch);
-        break;
-      case Coll::AllGather:
-        layout.set_uniform(BufKind::Input, send, 1, a.count, nch);
-        layout.set_uniform(BufKind::Output, a.recv, n, a.count, nch);
-        break;
-      case Coll::ReduceScatter:
-        layout.set_uniform(BufKind::Input, send, n, a.count, nch);
-        layout.set_uniform(BufKind::Output, a.recv, 1, a.count, nch);
-        break;
       case Coll::Broadcast:
       case Coll::Reduce:
-        layout.set_uniform(BufKind::Input, send, 1, a.count, nch);
-        layout.set_uniform(BufKind::Output, a.recv, 1, a.count, nch);
+        layout.set_uniform(BufKind::Input, send, 1, a.count, pin);
+        layout.set_uniform(BufKind::Output, a.recv, 1, a.count, pout);
+        break;
+      case Coll::AllGather:
+        layout.set_uniform(BufKind::Input, send, 1, a.count, pin);
+        layout.set_uniform(BufKind::Output, a.recv, n, a.count, pout);
+        break;
+      case Coll::ReduceScatter:
+        layout.set_uniform(BufKind::Input, send, n, a.count, pin);
+        layout.set_uniform(BufKind::Output, a.recv, 1, a.count, pout);
         break;
       case Coll::AllToAll:
         if (send != nullptr && send == a.recv) {
           // In place: the pairwise exchange would overwrite blocks it has yet to send, so stage the input.
           size_t bytes = a.count * n * esz;
-          if (scratch_.size() < bytes) scratch_.resize(bytes);
-          std::memcpy(scratch_.data(), send, bytes);
-          send = scratch_.data();
+          if (staging_.size() < bytes) staging_.resize(bytes);
+          std::memcpy(staging_.data(), send, bytes);
+          send = staging_.data();
         }
-        layout.set_uniform(BufKind::Input, send, n, a.count, nch);
-        layout.set_uniform(BufKind::Output, a.recv, n, a.count, nch);
+        layout.set_uniform(BufKind::Input, send, n, a.count, pin);
+        layout.set_uniform(BufKind::Output, a.recv, n, a.count, pout);
         break;
       case Coll::AllToAllv: {
         std::vector<std::byte*> ip(n), op(n);
@@ -426,16 +435,22 @@ void CommImpl::run(const CollArgs& a) {
           ip[i] = a.send ? static_cast<std::byte*>(send) + a.sdispls[i] * esz : nullptr;
           op[i] = a.recv ? static_cast<std::byte*>(a.recv) + a.rdispls[i] * esz : nullptr;
         }
-        layout.set_blocks(BufKind::Input, ip, a.sendcounts, nch);
-        layout.set_blocks(BufKind::Output, op, a.recvcounts, nch);
+        layout.set_blocks(BufKind::Input, ip, a.sendcounts, pin);
+        layout.set_blocks(BufKind::Output, op, a.recvcounts, pout);
         break;
       }
       default:
         throw Error(chorusInternalError, Subsys::Core, "unhandled collective");
     }
+    if (prog->scratch.nblocks > 0) {
+      // Scratch blocks are the size of the output's; the buffer lives as long as the communicator.
+      size_t bytes = static_cast<size_t>(prog->scratch.nblocks) * a.count * esz;
+      if (scratch_.size() < bytes) scratch_.resize(bytes);
+      layout.set_uniform(BufKind::Scratch, scratch_.data(), prog->scratch.nblocks, a.count, prog->scratch.parts);
+    }
   }
 
-  std::unique_ptr<kernels::Reducer> reducer;
+  std::optional<kernels::Reducer> reducer;
   if (is_reduction(a.coll) || a.coll == Coll::Barrier) {
     kernels::ReduceSpec spec;
     spec.dtype = a.coll == Coll::Barrier ? chorusUint8 : a.dtype;
@@ -453,42 +468,54 @@ void CommImpl::run(const CollArgs& a) {
         spec.scalar_i = pm.i;
       }
     }
-    reducer = std::make_unique<kernels::Reducer>(spec);
+    reducer.emplace(spec);
   }
 
-  std::string what = cat("rank ", rank_, ": ", algo::coll_name(a.coll));
-  if (a.coll != Coll::SendRecv) what += cat(" #", seq_);
   try {
-    std::set<std::pair<int, int>> needed;
-    for (const algo::Lane& lane : prog->lanes)
-      for (const algo::Step& s : lane.steps) {
-        if (algo::op_receives(s.op)) needed.insert({s.recv_peer, lane.channel});
-        if (algo::op_sends(s.op)) needed.insert({s.send_peer, lane.channel});
+    // Connections and per-step connection table: built once per program and cached (programs from the
+    // algorithm cache live as long as the process); point-to-point programs are built per call.
+    Wiring scratch_wiring;
+    Wiring* wiring = nullptr;
+    if (shared_prog) {
+      auto it = wirings_.find(prog);
+      if (it != wirings_.end()) wiring = &it->second;
+    }
+    if (wiring == nullptr) {
+      std::set<std::pair<int, int>> needed;
+      for (const algo::Lane& lane : prog->lanes)
+        for (const algo::Step& s : lane.steps) {
+          if (algo::op_receives(s.op)) needed.insert({s.recv_peer, lane.channel});
+          if (algo::op_sends(s.op)) needed.insert({s.send_peer, lane.channel});
+        }
+      ensure_connections({needed.begin(), needed.end()}, deadline);
+      wiring = shared_prog ? &wirings_[prog] : &scratch_wiring;
+      for (const auto& pc : needed) wiring->all_conns.push_back(conns_.at(pc).get());
+      wiring->conns.resize(prog->lanes.size());
+      for (size_t l = 0; l < prog->lanes.size(); ++l) {
+        const algo::Lane& lane = prog->lanes[l];
+        for (const algo::Step& s : lane.steps) {
+          StepConns c;
+          if (algo::op_receives(s.op)) c.recv = conns_.at({s.recv_peer, lane.channel}).get();
+          if (algo::op_sends(s.op)) c.send = conns_.at({s.send_peer, lane.channel}).get();
+          wiring->conns[l].push_back(c);
+        }
       }
-    ensure_connections({needed.begin(), needed.end()}, deadline);
+    }
 
     ExecPlan plan;
     plan.program = prog;
     plan.layout = &layout;
-    plan.reducer = reducer.get();
+    plan.reducer = reducer ? &*reducer : nullptr;
     plan.slice_elems = std::max<size_t>(1, slice_bytes_ / esz);
     plan.header = hdr;
     plan.deadline = deadline;
     plan.check_abort = [this] { check_abort(); };
-    plan.what = what;
-    for (const auto& pc : needed) plan.all_conns.push_back(conns_.at(pc).get());
-    plan.conns.resize(prog->lanes.size());
-    for (size_t l = 0; l < prog->lanes.size(); ++l) {
-      const algo::Lane& lane = prog->lanes[l];
-      for (const algo::Step& s : lane.steps) {
-        StepConns c;
-        if (algo::op_receives(s.op)) c.recv = conns_.at({s.recv_peer, lane.channel}).get();
-        if (algo::op_sends(s.op)) c.send = conns_.at({s.send_peer, lane.channel}).get();
-        plan.conns[l].push_back(c);
-      }
-    }
+    plan.rank = rank_;
+    plan.conns = &wiring->conns;
+    plan.all_conns = &wiring->all_conns;
     execute(plan);
   } catch (const Error& e) {
+    const std::string what = describe_call(rank_, hdr);
     std::string text = e.what();
     if (text.rfind("rank ", 0) != 0) text = what + ": " + text;
     // A local symptom (a closed socket, a refused connection) usually follows a failure elsewhere that the
@@ -512,19 +539,18 @@ void CommImpl::run(const CollArgs& a) {
 }
 
 void CommImpl::run_blocking(CollArgs a) {
-  std::shared_ptr<RequestState> req;
-  {
-    std::unique_lock<std::mutex> lock(q_mu_);
-    if (!queue_.empty() || worker_busy_) {
-      req = std::make_shared<RequestState>();
-      queue_.emplace_back(std::move(a), req);
-      q_cv_.notify_all();
-    }
-  }
-  if (!req) {
-    std::lock_guard<std::mutex> lock(exec_mu_);
+  // Only the calling thread adds work and the worker runs only while pending_ > 0, so with nothing pending the
+  // call runs here, with no lock and no hand-off.
+  if (pending_.load(std::memory_order_acquire) == 0) {
     run(a);
     return;
+  }
+  auto req = std::make_shared<RequestState>();
+  {
+    std::unique_lock<std::mutex> lock(q_mu_);
+    pending_.fetch_add(1, std::memory_order_acq_rel);
+    queue_.emplace_back(std::move(a), req);
+    q_cv_.notify_all();
   }
   std::unique_lock<std::mutex> lock(req->mu);
   req->cv.wait(lock, [&] { return req->done; });
@@ -535,6 +561,7 @@ std::shared_ptr<RequestState> CommImpl::submit(CollArgs a) {
   auto req = std::make_shared<RequestState>();
   std::unique_lock<std::mutex> lock(q_mu_);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  pending_.fetch_add(1, std::memory_order_acq_rel);
   queue_.emplace_back(std::move(a), req);
   q_cv_.notify_all();
   return req;
@@ -547,12 +574,10 @@ void CommImpl::worker_loop() {
     if (queue_.empty()) return;  // stop requested and the queue drained
     auto [args, req] = std::move(queue_.front());
     queue_.pop_front();
-    worker_busy_ = true;
     lock.unlock();
     chorusResult_t result = chorusSuccess;
     std::string error;
     try {
-      std::lock_guard<std::mutex> exec(exec_mu_);
       run(args);
     } catch (const Error& e) {
       result = e.code();
@@ -568,8 +593,8 @@ void CommImpl::worker_loop() {
       req->error = error;
     }
     req->cv.notify_all();
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
     lock.lock();
-    worker_busy_ = false;
   }
 }
 

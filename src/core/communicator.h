@@ -17,6 +17,7 @@
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/unique_id.h"
 #include "core/error.h"
+#include "runtime/executor.h"
 #include "transports/transport.h"
 
 namespace chorus {
@@ -106,13 +107,23 @@ class CommImpl {
   std::vector<PeerInfo> peers_;
   std::map<std::pair<int, int>, std::unique_ptr<Connection>> conns_;
   std::map<std::pair<int, int>, std::string> conn_transport_;
+  // Per cached program: the connection of every step and the set of connections to pump.
+  struct Wiring {
+    std::vector<std::vector<StepConns>> conns;
+    std::vector<Connection*> all_conns;
+  };
+  std::map<const algo::RankProgram*, Wiring> wirings_;
+  std::map<std::pair<int, int>, std::shared_ptr<const algo::Program>> programs_;  // (algorithm id, root)
   size_t slice_bytes_ = 0;
   int fifo_depth_ = 0;
   int nchannels_ = 1;
+  size_t oneshot_max_bytes_ = 0;
   int64_t timeout_ms_ = 0;
   uint64_t seq_ = 0;
   std::vector<uint64_t> p2p_sent_, p2p_recvd_;
-  std::vector<std::byte> scratch_;  // staging for in-place all-to-all, reused for the communicator's life
+  // Reused for the communicator's life (fresh pages cost more than the copies, MACHINE-NOTES.md):
+  std::vector<std::byte> staging_;  // inputs staged for in-place all-to-all and grouped send/recv
+  std::vector<std::byte> scratch_;  // programs' scratch buffer
 
   struct PreMul {
     double f = 1.0;
@@ -125,13 +136,13 @@ class CommImpl {
   std::atomic<bool> aborted_{false};
   mutable std::mutex err_mu_;
   chorusResult_t broken_ = chorusSuccess;
+  std::atomic<bool> is_broken_{false};  // broken_ != chorusSuccess, readable without the mutex
   std::string broken_text_;
 
-  std::mutex exec_mu_;  // held while the executor runs (inline or worker)
+  std::atomic<int> pending_{0};  // queued or running non-blocking work
   std::mutex q_mu_;
   std::condition_variable q_cv_;
   std::deque<std::pair<CollArgs, std::shared_ptr<RequestState>>> queue_;
-  bool worker_busy_ = false;
   bool stop_ = false;
   std::thread worker_;
   std::atomic<std::thread::id> owner_{};

@@ -28,6 +28,9 @@ constexpr ParamInfo kParams[] = {
      "Pipelining unit: bytes per message on a connection (and per FIFO slot)."},
     {Param::FifoDepth, "CHORUS_FIFO_DEPTH", "int", "4", "Slots per connection FIFO (messages in flight)."},
     {Param::NChannels, "CHORUS_NCHANNELS", "int", "1", "Parallel channels per collective program."},
+    {Param::OneShotMaxBytes, "CHORUS_ONESHOT_MAX_BYTES", "size", "16K",
+     "All-reduce of at most this many bytes per rank uses the one-shot program (one hop, every rank sends its "
+     "input to every rank) instead of the ring; 0 disables it."},
     {Param::Rank, "CHORUS_RANK", "int", "", "This process's rank (overrides launcher variables)."},
     {Param::NRanks, "CHORUS_NRANKS", "int", "", "Number of ranks (overrides launcher variables)."},
     {Param::LocalRank, "CHORUS_LOCAL_RANK", "int", "", "Rank within this host (overrides launcher variables)."},

@@ -19,6 +19,7 @@ enum class Param : int {
   SliceBytes,
   FifoDepth,
   NChannels,
+  OneShotMaxBytes,
   Rank,
   NRanks,
   LocalRank,

@@ -19,28 +19,45 @@ using algo::Step;
 
 void Layout::set_uniform(BufKind kind, void* base, int nblocks, size_t block_elems, int parts) {
   Buffer& b = bufs_[static_cast<int>(kind)];
-  b.block_ptr.resize(nblocks);
-  b.block_elems.assign(nblocks, block_elems);
-  for (int i = 0; i < nblocks; ++i)
-    b.block_ptr[i] = base ? static_cast<std::byte*>(base) + static_cast<size_t>(i) * block_elems * elem_size : nullptr;
+  b.base = static_cast<std::byte*>(base);
+  b.nblocks = nblocks;
+  b.block_elems = block_elems;
+  b.block_ptr.clear();
+  b.block_elem.clear();
   b.parts = parts;
 }
 
 void Layout::set_blocks(BufKind kind, std::vector<std::byte*> ptrs, std::vector<size_t> elems, int parts) {
   Buffer& b = bufs_[static_cast<int>(kind)];
+  b.nblocks = static_cast<int>(ptrs.size());
   b.block_ptr = std::move(ptrs);
-  b.block_elems = std::move(elems);
+  b.block_elem = std::move(elems);
   b.parts = parts;
 }
 
 Span Layout::chunk(const algo::ChunkRef& ref) const {
   const Buffer& b = bufs_[static_cast<int>(ref.buf)];
   const size_t block = static_cast<size_t>(ref.chunk / b.parts), part = static_cast<size_t>(ref.chunk % b.parts);
-  CHORUS_ASSERT(block < b.block_ptr.size());
-  const size_t e = b.block_elems[block];
+  CHORUS_ASSERT(block < static_cast<size_t>(b.nblocks));
+  std::byte* ptr;
+  size_t e;
+  if (b.block_ptr.empty()) {
+    e = b.block_elems;
+    ptr = b.base ? b.base + block * e * elem_size : nullptr;
+  } else {
+    e = b.block_elem[block];
+    ptr = b.block_ptr[block];
+  }
+  if (b.parts == 1) return {ptr, e};
   const auto begin = static_cast<size_t>(static_cast<unsigned __int128>(e) * part / b.parts);
   const auto end = static_cast<size_t>(static_cast<unsigned __int128>(e) * (part + 1) / b.parts);
-  return {b.block_ptr[block] ? b.block_ptr[block] + begin * elem_size : nullptr, end - begin};
+  return {ptr ? ptr + begin * elem_size : nullptr, end - begin};
+}
+
+std::string describe_call(int rank, const WireHeader& h) {
+  auto coll = static_cast<algo::Coll>(h.coll);
+  if (coll == algo::Coll::SendRecv) return cat("rank ", rank, ": SendRecv");
+  return cat("rank ", rank, ": ", algo::coll_name(coll), " #", h.seq);
 }
 
 std::string describe_header(const WireHeader& h) {
@@ -73,17 +90,10 @@ class Run {
   explicit Run(const ExecPlan& p) : p_(p), prog_(*p.program) {
     const size_t nl = prog_.lanes.size();
     lanes_.resize(nl);
-    nslices_.resize(nl);
     for (size_t l = 0; l < nl; ++l) {
       const auto& steps = prog_.lanes[l].steps;
-      nslices_[l].resize(steps.size());
       size_t mx = 1;
-      for (size_t t = 0; t < steps.size(); ++t) {
-        size_t elems = step_elems(steps[t]);
-        size_t ns = std::max<size_t>(1, (elems + p_.slice_elems - 1) / p_.slice_elems);
-        nslices_[l][t] = ns;
-        mx = std::max(mx, ns);
-      }
+      for (const Step& s : steps) mx = std::max(mx, nslices(s));
       lanes_[l].max_slices = mx;
       lanes_[l].done = steps.empty();
     }
@@ -100,7 +110,7 @@ class Run {
         all_done &= lanes_[l].done;
       }
       if (all_done) break;
-      for (Connection* c : p_.all_conns) progress |= c->progress();
+      for (Connection* c : *p_.all_conns) progress |= c->progress();
       if ((iter & 255) == 0 && p_.check_abort) p_.check_abort();
       if (progress) {
         idle = 0;
@@ -113,7 +123,7 @@ class Run {
     for (uint64_t idle2 = 1;; ++idle2) {
       bool idle_all = true;
       Blocked pending;
-      for (Connection* c : p_.all_conns) {
+      for (Connection* c : *p_.all_conns) {
         c->progress();
         if (!c->send_idle()) pending = {c, false};
         idle_all &= c->send_idle();
@@ -128,6 +138,10 @@ class Run {
     if (algo::op_writes_dst(s.op)) return p_.layout->chunk(s.dst).elems;
     if (algo::op_reads_src(s.op)) return p_.layout->chunk(s.src).elems;
     return 0;
+  }
+  // Every step has at least one slice (possibly empty), so even a zero-byte call exchanges its headers.
+  size_t nslices(const Step& s) const {
+    return std::max<size_t>(1, (step_elems(s) + p_.slice_elems - 1) / p_.slice_elems);
   }
 
   struct Blocked {
@@ -161,7 +175,7 @@ class Run {
     for (size_t l = 0; l < lanes_.size() && waiting.empty(); ++l) {
       if (lanes_[l].done) continue;
       const Step& s = prog_.lanes[l].steps[lanes_[l].step];
-      const StepConns& c = p_.conns[l][lanes_[l].step];
+      const StepConns& c = (*p_.conns)[l][lanes_[l].step];
       if (c.recv && !c.recv->recv_peek().header)
         waiting = cat("waiting for data from rank ", s.recv_peer);
       else if (c.send)
@@ -171,7 +185,7 @@ class Run {
       waiting += cat(" (channel ", prog_.lanes[l].channel, ", step ", lanes_[l].step, " ", algo::opcode_name(s.op),
                      ", slice ", lanes_[l].slice, ")");
     }
-    throw Error(chorusTimeout, Subsys::Runtime, cat(p_.what, ": timed out ", waiting));
+    throw Error(chorusTimeout, Subsys::Runtime, cat(describe_call(p_.rank, p_.header), ": timed out ", waiting));
   }
 
   // Runs as many steps of lane l as are ready. Returns true if any ran.
@@ -180,8 +194,8 @@ class Run {
     const auto& steps = prog_.lanes[l].steps;
     bool moved = false;
     while (!ls.done) {
-      if (ls.slice < nslices_[l][ls.step]) {
-        if (!try_step(steps[ls.step], p_.conns[l][ls.step], ls.slice)) return moved;
+      if (ls.slice == 0 || ls.slice < nslices(steps[ls.step])) {
+        if (!try_step(steps[ls.step], (*p_.conns)[l][ls.step], ls.slice)) return moved;
         moved = true;
       }
       if (++ls.step == steps.size()) {
@@ -204,13 +218,13 @@ class Run {
     if (got.comm_id != want.comm_id || got.seq != want.seq || got.coll != want.coll || got.dtype != want.dtype ||
         got.op != want.op || got.root != want.root || got.count != want.count) {
       throw Error(chorusRemoteError, Subsys::Runtime,
-                  cat(p_.what, ": mismatched collective: this rank called ", describe_header(want), " but rank ",
+                  cat(describe_call(p_.rank, p_.header), ": mismatched collective: this rank called ", describe_header(want), " but rank ",
                       s.recv_peer, " called ", describe_header(got),
                       got.comm_id != want.comm_id ? " on another communicator" : ""));
     }
     if (got.bytes != bytes)
       throw Error(chorusRemoteError, Subsys::Runtime,
-                  cat(p_.what, ": rank ", s.recv_peer, " sent ", got.bytes, " bytes where ", bytes,
+                  cat(describe_call(p_.rank, p_.header), ": rank ", s.recv_peer, " sent ", got.bytes, " bytes where ", bytes,
                       " were expected (per-peer counts disagree)"));
   }
 
@@ -260,6 +274,9 @@ class Run {
       case OpCode::RecvReduce:
         red->reduce(dst.ptr, in.payload, src.ptr, n, src_input, s.final);
         break;
+      case OpCode::Reduce:
+        red->reduce(dst.ptr, dst.ptr, src.ptr, n, src_input, s.final);
+        break;
       case OpCode::RecvReduceSend:
         red->reduce(out, in.payload, src.ptr, n, src_input, s.final);
         break;
@@ -286,7 +303,6 @@ class Run {
   const ExecPlan& p_;
   const algo::RankProgram& prog_;
   std::vector<LaneState> lanes_;
-  std::vector<std::vector<size_t>> nslices_;
   Blocked blocked_;  // what the last step that could not run waits for
 };
 

@@ -33,8 +33,13 @@ struct Span {
 class Layout {
  public:
   struct Buffer {
+    // Uniform blocks (no allocation): base + b * block_elems elements.
+    std::byte* base = nullptr;
+    size_t block_elems = 0;
+    int nblocks = 0;
+    // Explicit blocks (all-to-allv, point-to-point), used when non-empty.
     std::vector<std::byte*> block_ptr;
-    std::vector<size_t> block_elems;
+    std::vector<size_t> block_elem;
     int parts = 1;
   };
   // `nblocks` consecutive blocks of `block_elems` elements from `base`.
@@ -58,12 +63,15 @@ struct ExecPlan {
   const kernels::Reducer* reducer = nullptr;  // nullptr: the collective only copies
   size_t slice_elems = 1;
   WireHeader header;                            // template for every message (bytes filled per message)
-  std::vector<std::vector<StepConns>> conns;    // [lane][step]
-  std::vector<Connection*> all_conns;           // every connection used (pumped and flushed)
+  const std::vector<std::vector<StepConns>>* conns = nullptr;  // [lane][step]
+  const std::vector<Connection*>* all_conns = nullptr;        // every connection used (pumped and flushed)
   Deadline deadline = Deadline::never();
   std::function<void()> check_abort;            // throws when the communicator failed or was aborted
-  std::string what;                             // "rank 2: AllReduce #5" for error messages
+  int rank = 0;                                 // for error messages ("rank 2: AllReduce #5: ...")
 };
+
+// "rank 2: AllReduce #5" (or "rank 2: SendRecv"): how errors of this call begin.
+std::string describe_call(int rank, const WireHeader& h);
 
 void execute(const ExecPlan& plan);
 
