@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 max=${1:-256M}
-iters=${ITERS:-10}
+# Small sizes need many iterations for a stable mean; large ones are slow (Open MPI moves 0.2 GB/s there).
+small_iters=${SMALL_ITERS:-500}
+large_iters=${LARGE_ITERS:-8}
 out=${OUT:-docs/perf}
 bin=build/release
 bash scripts/build.sh chorusrun all_reduce_perf mpi_allreduce_perf
@@ -14,16 +16,24 @@ stamp=$(date -u +%Y-%m-%d)
 raw="$out/raw/allreduce-$stamp"
 mkdir -p "$raw"
 mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none)
+# run NAME -- command...: the sweep in two halves (8 B..1 MiB, 2 MiB..max), JSON merged into NAME.json.
+run() {
+  local name=$1
+  shift 2
+  "$@" -b 8 -e 1M -f 2 -n "$small_iters" -w 20 -J "$raw/$name.small.json" | tail -n 2
+  "$@" -b 2M -e "$max" -f 2 -n "$large_iters" -w 2 -J "$raw/$name.large.json" | tail -n 2
+  python3 -c 'import json,sys; json.dump(json.load(open(sys.argv[1])) + json.load(open(sys.argv[2])), open(sys.argv[3], "w"), indent=1)' \
+    "$raw/$name.small.json" "$raw/$name.large.json" "$raw/$name.json"
+  rm -f "$raw/$name.small.json" "$raw/$name.large.json"
+}
 for n in 2 4; do
   echo "== $n ranks"
-  CHORUS_TRANSPORTS=shm "$bin/chorusrun" -n "$n" "$bin/perf/all_reduce_perf" -b 8 -e "$max" -f 2 -n "$iters" -w 2 \
-    -J "$raw/chorus-shm-$n.json" | tail -n 3
-  CHORUS_TRANSPORTS=tcp CHORUS_SOCKET_IFNAME=lo "$bin/chorusrun" -n "$n" "$bin/perf/all_reduce_perf" -b 8 -e "$max" \
-    -f 2 -n "$iters" -w 2 -J "$raw/chorus-tcp-$n.json" | tail -n 3
-  mpirun "${mpirun_flags[@]}" -np "$n" --mca btl self,vader "$bin/perf/mpi_allreduce_perf" -b 8 -e "$max" -f 2 \
-    -n "$iters" -w 2 -J "$raw/mpi-vader-$n.json" | tail -n 3
-  mpirun "${mpirun_flags[@]}" -np "$n" --mca btl self,tcp --mca btl_tcp_if_include lo \
-    "$bin/perf/mpi_allreduce_perf" -b 8 -e "$max" -f 2 -n "$iters" -w 2 -J "$raw/mpi-tcp-$n.json" | tail -n 3
+  run "chorus-shm-$n" -- env CHORUS_TRANSPORTS=shm "$bin/chorusrun" -n "$n" "$bin/perf/all_reduce_perf"
+  run "chorus-tcp-$n" -- env CHORUS_TRANSPORTS=tcp CHORUS_SOCKET_IFNAME=lo "$bin/chorusrun" -n "$n" \
+    "$bin/perf/all_reduce_perf"
+  run "mpi-vader-$n" -- mpirun "${mpirun_flags[@]}" -np "$n" --mca btl self,vader "$bin/perf/mpi_allreduce_perf"
+  run "mpi-tcp-$n" -- mpirun "${mpirun_flags[@]}" -np "$n" --mca btl self,tcp --mca btl_tcp_if_include lo \
+    "$bin/perf/mpi_allreduce_perf"
 done
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 python3 scripts/perf_table.py --title "All-reduce, Chorus vs Open MPI, $stamp, commit $commit" "$raw" \

@@ -74,6 +74,7 @@ std::vector<std::byte> PeerInfo::serialize() const {
   w.u64(process_token);
   w.u64(static_cast<uint64_t>(pid));
   w.str(tcp_addr);
+  w.str(settings);
   return w.out;
 }
 
@@ -85,6 +86,7 @@ PeerInfo PeerInfo::deserialize(const std::vector<std::byte>& blob) {
   p.process_token = r.u64();
   p.pid = static_cast<int>(r.u64());
   p.tcp_addr = r.str();
+  p.settings = r.str();
   return p;
 }
 

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,16 +29,19 @@ namespace chorus {
 // different collective, count, dtype, op or root is detected instead of exchanging garbage.
 struct WireHeader {
   uint64_t comm_id = 0;
-  uint64_t seq = 0;     // collective sequence number (or per-peer p2p counter, high bit set)
+  uint64_t seq = 0;     // collective sequence number; point-to-point messages carry only the high bit
   uint64_t count = 0;   // the call's count in elements (0 where counts differ per peer)
   uint32_t bytes = 0;   // payload bytes of this message
   uint8_t coll = 0;     // algo::Coll
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t flags = 0;
+  uint8_t flags = 0;    // kLastSlice on the last message of a step
   int32_t root = 0;
   uint32_t magic = kMagic;
   static constexpr uint32_t kMagic = 0x43485253;  // "CHRS"
+  // Marks a step's last message, so a receiver expecting more or fewer bytes in total than were sent notices even
+  // when every message has the expected size.
+  static constexpr uint8_t kLastSlice = 1;
 };
 static_assert(sizeof(WireHeader) == 40);
 
@@ -83,6 +87,7 @@ struct PeerInfo {
   uint64_t process_token = 0;  // random per process: equal (with host_id) iff same process
   int pid = 0;
   std::string tcp_addr;        // "ip:port" of this rank's tcp listener
+  std::string settings;        // CHORUS_* settings that must agree on every rank (checked at init)
   std::vector<std::byte> serialize() const;
   static PeerInfo deserialize(const std::vector<std::byte>& blob);  // throws on malformed data
 };
@@ -96,6 +101,7 @@ struct ConnectSpec {
   size_t slot_bytes = 0;
   int fifo_depth = 0;
   const PeerInfo* peer_info = nullptr;  // the peer's published info
+  std::function<void()> check_abort;    // throws when the communicator failed or was aborted (poll while waiting)
 };
 
 // One transport instance per communicator. Connection setup is pairwise in three phases driven by the

@@ -69,7 +69,8 @@ typedef enum {
 
 /*
  * Reduction operators: values equal NCCL's ncclRedOp_t.
- *  - fp16, bf16 and fp8 are accumulated in fp32 within a rank and rounded to nearest-even once per result.
+ *  - fp16, bf16 and fp8: each reduction step widens its operands to fp32, combines them and rounds the result to
+ *    the type (nearest-even) once; values travel between ranks in the type, so a ring rounds once per hop.
  *  - chorusMin and chorusMax propagate NaN: if any rank holds NaN, the result is NaN.
  *  - chorusAvg on floating types is the sum divided by nranks; on integer types it is the integer sum divided by
  *    nranks, truncated toward zero (C semantics), with the sum computed in the type (wrapping on overflow).
@@ -141,7 +142,10 @@ chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, choru
 chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm);
 
 /* ---- Collectives (blocking for host buffers with stream == NULL) ----
- * sendbuff == recvbuff means in place. Sizes: all-reduce, broadcast, reduce: count elements in and out.
+ * In place: all-reduce, broadcast, reduce and all-to-all with sendbuff == recvbuff; all-gather with
+ * sendbuff == recvbuff + rank * sendcount; reduce-scatter with recvbuff == sendbuff + rank * recvcount. Any other
+ * overlap of the two buffers is chorusInvalidArgument. Sizes: all-reduce, broadcast, reduce: count elements in and
+ * out.
  * all-gather: sendcount in, nranks * sendcount out (rank r's block at offset r * sendcount).
  * reduce-scatter: nranks * recvcount in, recvcount out. all-to-all: nranks * count in and out (block j of the input
  * goes to rank j). */
@@ -172,7 +176,8 @@ chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t d
 chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream);
 /* Groups nest; the outermost chorusGroupEnd issues everything called since the outermost chorusGroupStart on
- * this thread. Inside a group only chorusSend and chorusRecv are allowed. */
+ * this thread. Inside a group only chorusSend and chorusRecv are allowed (anything else is chorusInvalidUsage).
+ * A group that spans several communicators issues them one after another, in the order they first appear. */
 chorusResult_t chorusGroupStart(void);
 chorusResult_t chorusGroupEnd(void);
 

@@ -104,12 +104,14 @@ chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* reques
   return guarded(comm, [&] {
     CommImpl& c = live(comm);
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
+    if (t_group.depth > 0)
+      throw Error(chorusInvalidUsage, Subsys::Core, "only chorusSend/chorusRecv may be called inside a group");
     CommImpl::Guard guard(c);
     c.validate(a);
-    auto* r = new chorusRequest;
+    auto r = std::make_unique<chorusRequest>();
     r->comm = comm;
     r->state = c.submit(std::move(a));
-    *request = r;
+    *request = r.release();
   });
 }
 
@@ -212,7 +214,10 @@ chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm
 
 chorusResult_t chorusCommDestroy(chorusComm_t comm) {
   return guarded(nullptr, [&] {
-    live(comm);
+    {
+      // Refused while another thread is inside a call on this communicator.
+      CommImpl::Guard guard(live(comm));
+    }
     retire(comm);
   });
 }
@@ -444,7 +449,7 @@ chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, 
 }
 
 chorusResult_t chorusTest(chorusRequest_t request, int* done) {
-  return guarded(nullptr, [&] {
+  return guarded(request ? request->comm : nullptr, [&] {
     if (request == nullptr || done == nullptr)
       throw Error(chorusInvalidArgument, Subsys::Core, "request and done must not be NULL");
     std::lock_guard<std::mutex> lock(request->state->mu);
@@ -455,9 +460,10 @@ chorusResult_t chorusTest(chorusRequest_t request, int* done) {
 }
 
 chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms) {
-  return guarded(nullptr, [&] {
+  return guarded(request ? request->comm : nullptr, [&] {
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
-    int64_t ms = timeout_ms >= 0 ? timeout_ms : param_int(Param::TimeoutMs);
+    // At most a year: wait_for would overflow on INT64_MAX.
+    int64_t ms = std::min<int64_t>(timeout_ms >= 0 ? timeout_ms : param_int(Param::TimeoutMs), int64_t{1} << 35);
     RequestState& st = *request->state;
     std::unique_lock<std::mutex> lock(st.mu);
     if (!st.cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return st.done; }))

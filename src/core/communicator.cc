@@ -1,5 +1,7 @@
 #include "core/communicator.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -66,28 +68,51 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
   slice_bytes_ = static_cast<size_t>(param_int(Param::SliceBytes));
   if (slice_bytes_ < 64 || slice_bytes_ > (size_t{1} << 30))
     bad_arg(cat("CHORUS_SLICE_BYTES=", slice_bytes_, " must be between 64 and 1G"));
-  fifo_depth_ = static_cast<int>(param_int(Param::FifoDepth));
-  if (fifo_depth_ < 2 || fifo_depth_ > 64)
-    bad_arg(cat("CHORUS_FIFO_DEPTH=", fifo_depth_, " must be between 2 and 64 (steps that receive and send need 2)"));
-  nchannels_ = static_cast<int>(param_int(Param::NChannels));
-  if (nchannels_ < 1 || nchannels_ > 32) bad_arg(cat("CHORUS_NCHANNELS=", nchannels_, " must be between 1 and 32"));
+  const int64_t depth = param_int(Param::FifoDepth);
+  // A power of two keeps slot = counter % depth consistent when the 32-bit counters wrap.
+  if (depth < 2 || depth > 64 || (depth & (depth - 1)) != 0)
+    bad_arg(cat("CHORUS_FIFO_DEPTH=", depth, " must be a power of two between 2 and 64 (steps that receive and send "
+                "need 2)"));
+  fifo_depth_ = static_cast<int>(depth);
+  const int64_t nch = param_int(Param::NChannels);
+  if (nch < 1 || nch > 32) bad_arg(cat("CHORUS_NCHANNELS=", nch, " must be between 1 and 32"));
+  nchannels_ = static_cast<int>(nch);
   oneshot_max_bytes_ = static_cast<size_t>(param_int(Param::OneShotMaxBytes));
   timeout_ms_ = param_int(Param::TimeoutMs);
+  yield_us_ = static_cast<int>(param_int(Param::YieldUs));
+  if (yield_us_ < 0 || yield_us_ > 10000000) bad_arg(cat("CHORUS_YIELD_US=", yield_us_, " must be between 0 and 1e7"));
   if (timeout_ms_ <= 0) bad_arg(cat("CHORUS_TIMEOUT_MS=", timeout_ms_, " must be positive"));
-  comm_id_ = fnv1a(id.secret.data(), id.secret.size(), fnv1a(&id.root, sizeof(id.root)));
+  // From the secret alone: every rank has the same secret, while the root address each rank resolved itself may
+  // differ (a host name that resolves to 127.0.1.1 on its own host).
+  comm_id_ = fnv1a(id.secret.data(), id.secret.size());
 
   for (const std::string& name : split_list(param_str(Param::Transports)))
     transports_.push_back(make_transport(name, secret_));
   if (transports_.empty()) bad_arg("CHORUS_TRANSPORTS lists no transport");
   PeerInfo self = local_peer_info(rank);
   for (auto& t : transports_) t->describe(self);
+  self.settings = cat("CHORUS_SLICE_BYTES=", slice_bytes_, " CHORUS_FIFO_DEPTH=", fifo_depth_, " CHORUS_NCHANNELS=",
+                      nchannels_, " CHORUS_ONESHOT_MAX_BYTES=", oneshot_max_bytes_, " CHORUS_TRANSPORTS=",
+                      param_str(Param::Transports));
 
   bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_));
   for (const Blob& b : bootstrap_->peer_info()) peers_.push_back(PeerInfo::deserialize(b));
-  p2p_sent_.assign(nranks, 0);
-  p2p_recvd_.assign(nranks, 0);
-  CHORUS_INFO(Core, "rank %d/%d: communicator %016llx ready (slice %zu bytes, fifo depth %d, %d channel(s))", rank,
-              nranks, static_cast<unsigned long long>(comm_id_), slice_bytes_, fifo_depth_, nchannels_);
+  // Settings that choose programs, slot sizes or transports must agree, or ranks would run different programs.
+  for (const PeerInfo& p : peers_)
+    if (p.settings != self.settings)
+      throw Error(chorusInvalidUsage, Subsys::Core,
+                  cat("rank ", rank, ": settings differ between ranks: this rank has '", self.settings, "' but rank ",
+                      p.rank, " has '", p.settings, "'"));
+  // Spinning only pays when every rank on this host has a core: with more ranks than cores a spinning rank
+  // holds the core the rank it waits for needs, so sleep almost at once.
+  int local_ranks = 0;
+  for (const PeerInfo& p : peers_) local_ranks += p.host_id == peers_[rank].host_id ? 1 : 0;
+  cpu_set_t cpus;
+  int ncpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  oversubscribed_ = local_ranks > ncpus;
+  CHORUS_INFO(Core, "rank %d/%d: communicator %016llx ready (slice %zu bytes, fifo depth %d, %d channel(s)%s)",
+              rank, nranks, static_cast<unsigned long long>(comm_id_), slice_bytes_, fifo_depth_, nchannels_,
+              oversubscribed_ ? ", more ranks than cores: yielding" : "");
 }
 
 CommImpl::~CommImpl() {
@@ -109,7 +134,7 @@ CommImpl::Guard::Guard(CommImpl& c) : c_(c) {
 
 CommImpl::Guard::~Guard() { c_.owner_.store(std::thread::id{}); }
 
-void CommImpl::validate(const CollArgs& a) const {
+void CommImpl::validate(CollArgs& a) const {
   const int n = nranks_;
   if (a.coll != Coll::SendRecv && a.coll != Coll::Barrier) {
     if (!dtype_valid(a.dtype)) bad_arg(cat("datatype=", static_cast<int>(a.dtype), " is not a valid chorusDataType_t"));
@@ -118,8 +143,14 @@ void CommImpl::validate(const CollArgs& a) const {
     int op = static_cast<int>(a.op);
     if (op < 0 || (op >= chorusNumOps && premul_.find(op) == premul_.end()))
       bad_arg(cat("op=", op, " is not a valid chorusRedOp_t or a live pre-multiplied sum of this communicator"));
-    if (op >= chorusNumOps && premul_.at(op).dtype != a.dtype)
-      bad_arg(cat("op=", op, " was created for ", dtype_name(premul_.at(op).dtype), ", not ", dtype_name(a.dtype)));
+    if (op >= chorusNumOps) {
+      const PreMul& pm = premul_.at(op);
+      if (pm.dtype != a.dtype)
+        bad_arg(cat("op=", op, " was created for ", dtype_name(pm.dtype), ", not ", dtype_name(a.dtype)));
+      a.premul = true;
+      a.premul_f = pm.f;
+      a.premul_i = pm.i;
+    }
   }
   if (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) {
     if (a.root < 0 || a.root >= n) bad_arg(cat("root=", a.root, " is out of range [0, ", n, ")"));
@@ -149,14 +180,6 @@ void CommImpl::validate(const CollArgs& a) const {
     case Coll::AllGather: {
       need(a.send, checked_bytes(a.count, 1, a.dtype, "sendcount"), "sendbuff");
       need(a.recv, checked_bytes(a.count, n, a.dtype, "sendcount"), "recvbuff");
-      if (a.send && a.send != a.recv) {
-        // In place means sendbuff == recvbuff + rank * sendcount; other overlaps are errors.
-        auto* r = static_cast<const std::byte*>(a.recv);
-        auto* s = static_cast<const std::byte*>(a.send);
-        size_t blk = a.count * dtype_size(a.dtype);
-        if (s != r + rank_ * blk && s < r + n * blk && s + blk > r)
-          bad_arg("sendbuff overlaps recvbuff but is not recvbuff + rank * sendcount (in place)");
-      }
       break;
     }
     case Coll::ReduceScatter: {
@@ -178,14 +201,19 @@ void CommImpl::validate(const CollArgs& a) const {
       for (int i = 0; i < n; ++i) {
         checked_bytes(a.sendcounts[i], 1, a.dtype, "sendcounts[i]");
         checked_bytes(a.recvcounts[i], 1, a.dtype, "recvcounts[i]");
-        checked_bytes(a.sdispls[i] + a.sendcounts[i], 1, a.dtype, "sdispls[i] + sendcounts[i]");
-        checked_bytes(a.rdispls[i] + a.recvcounts[i], 1, a.dtype, "rdispls[i] + recvcounts[i]");
+        size_t send_end = 0, recv_end = 0;
+        if (__builtin_add_overflow(a.sdispls[i], a.sendcounts[i], &send_end) ||
+            __builtin_add_overflow(a.rdispls[i], a.recvcounts[i], &recv_end))
+          bad_arg(cat("sdispls/rdispls[", i, "] plus its count overflows"));
+        checked_bytes(send_end, 1, a.dtype, "sdispls[i] + sendcounts[i]");
+        checked_bytes(recv_end, 1, a.dtype, "rdispls[i] + recvcounts[i]");
         any_send |= a.sendcounts[i] > 0;
         any_recv |= a.recvcounts[i] > 0;
       }
       need(a.send, any_send, "sendbuff");
       need(a.recv, any_recv, "recvbuff");
-      if (a.send != nullptr && a.send == a.recv) bad_arg("all-to-allv in place (sendbuff == recvbuff) is not supported");
+      if (a.send != nullptr && a.send == a.recv)
+        bad_arg("all-to-allv in place (sendbuff == recvbuff) is not supported");
       break;
     }
     case Coll::SendRecv:
@@ -200,6 +228,57 @@ void CommImpl::validate(const CollArgs& a) const {
     case Coll::Count:
       bad_arg("invalid collective");
   }
+  check_overlap(a);
+}
+
+void CommImpl::check_overlap(const CollArgs& a) const {
+  // Buffers may overlap only in a collective's exact in-place form; anything else would read bytes it already wrote.
+  if (a.send == nullptr || a.recv == nullptr || a.coll == Coll::SendRecv || a.coll == Coll::Barrier) return;
+  const size_t esz = dtype_size(a.dtype), n = static_cast<size_t>(nranks_), r = static_cast<size_t>(rank_);
+  auto* s = static_cast<const std::byte*>(a.send);
+  auto* d = static_cast<const std::byte*>(a.recv);
+  size_t sbytes = 0, rbytes = 0;
+  const char* in_place = "";
+  bool exact = false;
+  switch (a.coll) {
+    case Coll::AllReduce:
+    case Coll::AllToAll:
+      sbytes = rbytes = a.count * esz * (a.coll == Coll::AllToAll ? n : 1);
+      exact = s == d;
+      in_place = "sendbuff == recvbuff";
+      break;
+    case Coll::Broadcast:
+    case Coll::Reduce:
+      if (rank_ != a.root) return;  // only the root uses both buffers
+      sbytes = rbytes = a.count * esz;
+      exact = s == d;
+      in_place = "sendbuff == recvbuff";
+      break;
+    case Coll::AllGather:
+      sbytes = a.count * esz;
+      rbytes = sbytes * n;
+      exact = s == d + r * sbytes;
+      in_place = "sendbuff == recvbuff + rank * sendcount";
+      break;
+    case Coll::ReduceScatter:
+      rbytes = a.count * esz;
+      sbytes = rbytes * n;
+      exact = d == s + r * rbytes;
+      in_place = "recvbuff == sendbuff + rank * recvcount";
+      break;
+    case Coll::AllToAllv:
+      for (size_t i = 0; i < n; ++i) {
+        sbytes = std::max(sbytes, (a.sdispls[i] + a.sendcounts[i]) * esz);
+        rbytes = std::max(rbytes, (a.rdispls[i] + a.recvcounts[i]) * esz);
+      }
+      in_place = "(all-to-allv has no in-place form)";
+      break;
+    default:
+      return;
+  }
+  if (exact || sbytes == 0 || rbytes == 0) return;
+  if (s < d + rbytes && d < s + sbytes)
+    bad_arg(cat("sendbuff and recvbuff overlap but are not the in-place form ", in_place));
 }
 
 void CommImpl::check_abort() const {
@@ -234,6 +313,15 @@ chorusResult_t CommImpl::async_error(std::string* text) const {
 void CommImpl::abort() {
   aborted_ = true;
   bootstrap_->abort();
+  // A call inside the communicator (another thread) sees the flag within a millisecond or so; wait for it to leave
+  // so the caller may free the communicator.
+  const auto me = std::this_thread::get_id();
+  Deadline leave = Deadline::after_ms(timeout_ms_);
+  for (;;) {
+    std::thread::id owner = owner_.load();
+    if (owner == std::thread::id{} || owner == me || leave.passed()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   {
     std::lock_guard<std::mutex> lock(err_mu_);
     if (broken_ == chorusSuccess) {
@@ -252,7 +340,8 @@ Transport& CommImpl::choose_transport(int peer) {
                   "' can reach rank ", peer));
 }
 
-void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed, Deadline deadline) {
+void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed, const WireHeader& call,
+                                  Deadline deadline) {
   std::vector<std::pair<int, int>> missing;
   for (const auto& pc : needed)
     if (!conns_.count(pc)) missing.push_back(pc);
@@ -268,6 +357,7 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
     s.slot_bytes = slice_bytes_;
     s.fifo_depth = fifo_depth_;
     s.peer_info = &peers_[peer];
+    s.check_abort = [this] { check_abort(); };
     return s;
   };
   std::vector<Transport*> chosen;
@@ -276,14 +366,25 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
     chosen.push_back(&t);
     std::vector<std::byte> data = t.prepare(spec_of(peer, ch));
     std::string name = t.name();
-    Blob msg(name.size() + 1 + data.size());
-    std::memcpy(msg.data(), name.c_str(), name.size() + 1);
-    if (!data.empty()) std::memcpy(msg.data() + name.size() + 1, data.data(), data.size());
+    // [the call's header][transport name, NUL][transport data]
+    Blob msg(sizeof(WireHeader) + name.size() + 1 + data.size());
+    std::memcpy(msg.data(), &call, sizeof(WireHeader));
+    std::memcpy(msg.data() + sizeof(WireHeader), name.c_str(), name.size() + 1);
+    if (!data.empty()) std::memcpy(msg.data() + sizeof(WireHeader) + name.size() + 1, data.data(), data.size());
     bootstrap_->send(peer, kTagConnect, msg);
   }
   for (size_t i = 0; i < missing.size(); ++i) {
     auto [peer, ch] = missing[i];
     Blob msg = bootstrap_->recv(peer, kTagConnect, deadline);
+    if (msg.size() < sizeof(WireHeader) + 1)
+      throw Error(chorusRemoteError, Subsys::Transport, cat("rank ", peer, " sent a malformed connection request"));
+    WireHeader theirs;
+    std::memcpy(&theirs, msg.data(), sizeof(theirs));
+    if (!same_call(theirs, call))
+      throw Error(chorusRemoteError, Subsys::Runtime,
+                  cat("mismatched collective: this rank called ", describe_header(call), " but rank ", peer,
+                      " called ", describe_header(theirs)));
+    msg.erase(msg.begin(), msg.begin() + sizeof(WireHeader));
     auto nul = std::find(msg.begin(), msg.end(), std::byte{0});
     std::string name(reinterpret_cast<const char*>(msg.data()), static_cast<size_t>(nul - msg.begin()));
     if (nul == msg.end() || name != chosen[i]->name())
@@ -297,7 +398,6 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
       throw Error(e.code(), Subsys::Transport,
                   cat("connecting to rank ", peer, " (channel ", ch, ") over ", name, ": ", e.what()));
     }
-    conn_transport_[{peer, ch}] = name;
     CHORUS_INFO(Transport, "rank %d: connected to rank %d channel %d over %s", rank_, peer, ch, name.c_str());
   }
   for (auto [peer, ch] : missing) bootstrap_->send(peer, kTagConnected, {});
@@ -314,6 +414,51 @@ void CommImpl::run(const CollArgs& a) {
     throw Error(broken_, Subsys::Core, broken_text_);
   }
   check_abort();
+  WireHeader hdr;
+  hdr.comm_id = comm_id_;
+  hdr.coll = static_cast<uint8_t>(a.coll);
+  // Every failure of a call breaks the communicator and is told to every rank, whatever threw it.
+  try {
+    run_call(a, hdr);
+  } catch (const Error& e) {
+    fail_call(e, hdr);
+  } catch (const std::bad_alloc&) {
+    fail_call(Error(chorusSystemError, Subsys::Core, "out of memory"), hdr);
+  } catch (const std::exception& e) {
+    fail_call(Error(chorusInternalError, Subsys::Core, cat("internal error: ", e.what())), hdr);
+  }
+}
+
+void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
+  // Every error of a call reads "rank R: AllReduce #5: what happened".
+  const std::string what = describe_call(rank_, hdr);
+  std::string text = e.what();
+  const std::string self = cat("rank ", rank_, ": ");
+  if (text.rfind(what + ": ", 0) == 0) text.erase(0, what.size() + 2);
+  if (text.rfind(self, 0) == 0) text.erase(0, self.size());
+  text = what + ": " + text;
+  // A local symptom (a closed socket, a refused connection, a timeout) usually follows a failure elsewhere that the
+  // bootstrap is about to announce; wait briefly for it so the error names the root cause. Errors this rank found
+  // itself (a mismatched header: Runtime) are the root cause already.
+  const bool symptom = e.subsys() == Subsys::Transport || e.code() == chorusTimeout;
+  if (!aborted_ && symptom) {
+    Deadline grace = Deadline::after_ms(std::min<int64_t>(1000, timeout_ms_));
+    while (!bootstrap_->failed() && !grace.passed()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (bootstrap_->failed() && text.find("peer failure") == std::string::npos) {
+    PeerFailure f = bootstrap_->failure();
+    if (f.rank != rank_) {
+      Error remote(chorusRemoteError, Subsys::Core, cat(what, ": peer failure: ", f.text, " (seen here as: ", text, ")"));
+      fail(remote);
+      throw remote;
+    }
+  }
+  Error named(e.code(), e.subsys(), text, e.where());
+  fail(named);
+  throw named;
+}
+
+void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
   const Deadline deadline = Deadline::after_ms(timeout_ms_);
   const int n = nranks_, nch = nchannels_;
   const size_t esz = a.coll == Coll::SendRecv ? 1 : dtype_size(a.coll == Coll::Barrier ? chorusUint8 : a.dtype);
@@ -323,9 +468,6 @@ void CommImpl::run(const CollArgs& a) {
   const algo::RankProgram* prog = nullptr;
   Layout layout;
   layout.elem_size = esz;
-  WireHeader hdr;
-  hdr.comm_id = comm_id_;
-  hdr.coll = static_cast<uint8_t>(a.coll);
 
   if (a.coll == Coll::SendRecv) {
     // Self-sends pair with self-receives in order; everything else becomes one lane per (peer, direction).
@@ -356,15 +498,18 @@ void CommImpl::run(const CollArgs& a) {
       size_t sb = self_send[i]->count * dtype_size(self_send[i]->dtype);
       size_t rb = self_recv[i]->count * dtype_size(self_recv[i]->dtype);
       if (sb != rb) bad_arg(cat("rank ", rank_, ": send to itself of ", sb, " bytes matches a receive of ", rb));
-      if (sb > 0 && self_send[i]->buf != self_recv[i]->buf) std::memcpy(self_recv[i]->buf, self_send[i]->buf, sb);
     }
     // Sends read their buffers as they were when the group was issued: a send whose bytes a receive of the same
-    // group may overwrite (e.g. send and receive in one buffer) is staged through scratch first.
+    // group (from a peer or from itself) may overwrite is staged first.
+    std::vector<std::pair<const std::byte*, size_t>> written;
+    for (size_t j = 0; j < out_ptr.size(); ++j) written.push_back({out_ptr[j], out_len[j]});
+    for (const P2POp* op : self_recv)
+      written.push_back({static_cast<const std::byte*>(op->buf), op->count * dtype_size(op->dtype)});
     size_t staged = 0;
     std::vector<size_t> stage_at(in_ptr.size(), SIZE_MAX);
     for (size_t i = 0; i < in_ptr.size(); ++i)
-      for (size_t j = 0; j < out_ptr.size(); ++j)
-        if (in_len[i] > 0 && out_len[j] > 0 && in_ptr[i] < out_ptr[j] + out_len[j] && out_ptr[j] < in_ptr[i] + in_len[i]) {
+      for (const auto& [wp, wl] : written)
+        if (in_len[i] > 0 && wl > 0 && in_ptr[i] < wp + wl && wp < in_ptr[i] + in_len[i]) {
           stage_at[i] = staged;
           staged += in_len[i];
           break;
@@ -376,6 +521,11 @@ void CommImpl::run(const CollArgs& a) {
           std::memcpy(staging_.data() + stage_at[i], in_ptr[i], in_len[i]);
           in_ptr[i] = staging_.data() + stage_at[i];
         }
+    }
+    // Self-sends are copies, done before any message from a peer can land in their source.
+    for (size_t i = 0; i < self_send.size(); ++i) {
+      size_t bytes = self_send[i]->count * dtype_size(self_send[i]->dtype);
+      if (bytes > 0 && self_send[i]->buf != self_recv[i]->buf) std::memmove(self_recv[i]->buf, self_send[i]->buf, bytes);
     }
     for (auto& [key, lane] : lanes) p2p_prog.lanes.push_back(std::move(lane));
     p2p_prog.input = {static_cast<int>(in_ptr.size()), 1};
@@ -460,18 +610,17 @@ void CommImpl::run(const CollArgs& a) {
       case chorusMax: spec.kind = kernels::ReduceKind::Max; break;
       case chorusMin: spec.kind = kernels::ReduceKind::Min; break;
       case chorusAvg: spec.kind = kernels::ReduceKind::Sum; spec.avg_divisor = n; break;
-      default: {
-        const PreMul& pm = premul_.at(a.op);
+      default:
+        CHORUS_ASSERT(a.premul);
         spec.kind = kernels::ReduceKind::Sum;
         spec.premul = true;
-        spec.scalar_f = pm.f;
-        spec.scalar_i = pm.i;
-      }
+        spec.scalar_f = a.premul_f;
+        spec.scalar_i = a.premul_i;
     }
     reducer.emplace(spec);
   }
 
-  try {
+  {
     // Connections and per-step connection table: built once per program and cached (programs from the
     // algorithm cache live as long as the process); point-to-point programs are built per call.
     Wiring scratch_wiring;
@@ -487,7 +636,7 @@ void CommImpl::run(const CollArgs& a) {
           if (algo::op_receives(s.op)) needed.insert({s.recv_peer, lane.channel});
           if (algo::op_sends(s.op)) needed.insert({s.send_peer, lane.channel});
         }
-      ensure_connections({needed.begin(), needed.end()}, deadline);
+      ensure_connections({needed.begin(), needed.end()}, hdr, deadline);
       wiring = shared_prog ? &wirings_[prog] : &scratch_wiring;
       for (const auto& pc : needed) wiring->all_conns.push_back(conns_.at(pc).get());
       wiring->conns.resize(prog->lanes.size());
@@ -511,30 +660,11 @@ void CommImpl::run(const CollArgs& a) {
     plan.deadline = deadline;
     plan.check_abort = [this] { check_abort(); };
     plan.rank = rank_;
+    plan.spin_us = oversubscribed_ ? 0 : 20;
+    plan.yield_us = oversubscribed_ ? yield_us_ : 0;
     plan.conns = &wiring->conns;
     plan.all_conns = &wiring->all_conns;
     execute(plan);
-  } catch (const Error& e) {
-    const std::string what = describe_call(rank_, hdr);
-    std::string text = e.what();
-    if (text.rfind("rank ", 0) != 0) text = what + ": " + text;
-    // A local symptom (a closed socket, a refused connection) usually follows a failure elsewhere that the
-    // bootstrap is about to announce; wait briefly for it so the error names the root cause.
-    if (!aborted_ && e.code() != chorusInvalidArgument) {
-      Deadline grace = Deadline::after_ms(std::min<int64_t>(1000, timeout_ms_));
-      while (!bootstrap_->failed() && !grace.passed()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    if (bootstrap_->failed() && text.find("peer failure") == std::string::npos) {
-      PeerFailure f = bootstrap_->failure();
-      if (f.rank != rank_) {
-        Error remote(chorusRemoteError, Subsys::Core, cat(what, ": peer failure: ", f.text, " (seen here as: ", text, ")"));
-        fail(remote);
-        throw remote;
-      }
-    }
-    Error named(e.code(), e.subsys(), text, e.where());
-    fail(named);
-    throw named;
   }
 }
 

@@ -40,6 +40,10 @@ struct CollArgs {
   chorusDataType_t dtype = chorusFloat32;
   chorusRedOp_t op = chorusSum;
   int root = 0;
+  // A pre-multiplied sum's scalar, resolved by validate() so the call does not depend on the op's lifetime.
+  bool premul = false;
+  double premul_f = 1.0;
+  int64_t premul_i = 1;
   std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // all-to-allv
   std::vector<P2POp> p2p;                                        // send/recv group
 };
@@ -64,8 +68,8 @@ class CommImpl {
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
 
-  // Throws chorusInvalidArgument naming the bad argument; touches no buffer.
-  void validate(const CollArgs& a) const;
+  // Throws chorusInvalidArgument naming the bad argument; touches no buffer. Resolves pre-multiplied sums.
+  void validate(CollArgs& a) const;
   // Runs a validated call to completion in this thread (after queued non-blocking work). Throws on failure.
   void run_blocking(CollArgs a);
   // Queues a validated call for the worker thread.
@@ -77,7 +81,8 @@ class CommImpl {
   chorusRedOp_t create_premul(const void* scalar, chorusDataType_t dtype);
   void destroy_premul(chorusRedOp_t op);
 
-  // Local abort: in-flight work fails promptly; peers see this rank as failed.
+  // Local abort: in-flight work fails promptly; peers see this rank as failed. Returns once no API call is inside
+  // the communicator (bounded: executors poll the abort flag at least every millisecond).
   void abort();
   // chorusSuccess while healthy, else the error that broke the communicator.
   chorusResult_t async_error(std::string* text) const;
@@ -92,8 +97,13 @@ class CommImpl {
   };
 
  private:
+  void check_overlap(const CollArgs& a) const;
   void run(const CollArgs& a);
-  void ensure_connections(const std::vector<std::pair<int, int>>& needed, Deadline deadline);
+  void run_call(const CollArgs& a, WireHeader& hdr);
+  [[noreturn]] void fail_call(const Error& e, const WireHeader& hdr);
+  // Connects every (peer, channel) in `needed` not connected yet; the handshake carries `call`'s header, so a peer in
+  // a different call is reported as a mismatch instead of waiting for a connection it will never make.
+  void ensure_connections(const std::vector<std::pair<int, int>>& needed, const WireHeader& call, Deadline deadline);
   Transport& choose_transport(int peer);
   void check_abort() const;
   void fail(const Error& e);
@@ -106,7 +116,6 @@ class CommImpl {
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<PeerInfo> peers_;
   std::map<std::pair<int, int>, std::unique_ptr<Connection>> conns_;
-  std::map<std::pair<int, int>, std::string> conn_transport_;
   // Per cached program: the connection of every step and the set of connections to pump.
   struct Wiring {
     std::vector<std::vector<StepConns>> conns;
@@ -118,9 +127,10 @@ class CommImpl {
   int fifo_depth_ = 0;
   int nchannels_ = 1;
   size_t oneshot_max_bytes_ = 0;
+  bool oversubscribed_ = false;  // more ranks on this host than CPUs
+  int yield_us_ = 1000;
   int64_t timeout_ms_ = 0;
   uint64_t seq_ = 0;
-  std::vector<uint64_t> p2p_sent_, p2p_recvd_;
   // Reused for the communicator's life (fresh pages cost more than the copies, MACHINE-NOTES.md):
   std::vector<std::byte> staging_;  // inputs staged for in-place all-to-all and grouped send/recv
   std::vector<std::byte> scratch_;  // programs' scratch buffer

@@ -31,6 +31,9 @@ constexpr ParamInfo kParams[] = {
     {Param::OneShotMaxBytes, "CHORUS_ONESHOT_MAX_BYTES", "size", "16K",
      "All-reduce of at most this many bytes per rank uses the one-shot program (one hop, every rank sends its "
      "input to every rank) instead of the ring; 0 disables it."},
+    {Param::YieldUs, "CHORUS_YIELD_US", "int", "1000",
+     "With more ranks than CPUs on a host, a waiting rank yields its CPU for up to this many microseconds before "
+     "it sleeps on the connection it waits for (with a CPU each, it spins 20 us instead)."},
     {Param::Rank, "CHORUS_RANK", "int", "", "This process's rank (overrides launcher variables)."},
     {Param::NRanks, "CHORUS_NRANKS", "int", "", "Number of ranks (overrides launcher variables)."},
     {Param::LocalRank, "CHORUS_LOCAL_RANK", "int", "", "Rank within this host (overrides launcher variables)."},

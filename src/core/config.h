@@ -20,6 +20,7 @@ enum class Param : int {
   FifoDepth,
   NChannels,
   OneShotMaxBytes,
+  YieldUs,
   Rank,
   NRanks,
   LocalRank,

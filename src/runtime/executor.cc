@@ -70,6 +70,11 @@ std::string describe_header(const WireHeader& h) {
   return s + cat(", seq=", h.seq & ~(uint64_t{1} << 63), ")");
 }
 
+bool same_call(const WireHeader& a, const WireHeader& b) {
+  return a.comm_id == b.comm_id && a.seq == b.seq && a.coll == b.coll && a.dtype == b.dtype && a.op == b.op &&
+         a.root == b.root && a.count == b.count;
+}
+
 namespace {
 
 inline void cpu_relax() {
@@ -149,26 +154,30 @@ class Run {
     bool on_recv = false;
   };
 
-  // Spin for a few microseconds (the answer usually comes that fast when every rank has a core), then sleep on the
-  // connection the stalled step waits for: with more ranks than cores a spinning rank would steal the time slice of
-  // the rank it waits for. Sleeps are short, so other lanes, aborts and the deadline are re-checked often.
+  // Spin for a few microseconds (the answer usually comes that fast when every rank has a core); with more ranks
+  // than cores, yield instead, so the rank we wait for gets the core; then sleep on the connection the stalled
+  // step waits for. Sleeps are short, so other lanes, aborts and the deadline are re-checked often.
   void wait_a_little(uint64_t idle, std::chrono::steady_clock::time_point since, Blocked blocked) {
-    if ((idle & 63) != 0 || std::chrono::steady_clock::now() - since < std::chrono::microseconds(kSpinUs)) {
+    const auto waited = std::chrono::steady_clock::now() - since;
+    if (waited < std::chrono::microseconds(p_.spin_us)) {
       cpu_relax();
       return;
     }
-    if (p_.check_abort) p_.check_abort();
-    if (p_.deadline.passed()) timeout();
-    const int us = lanes_.size() > 1 ? 200 : 1000;
-    if (blocked.conn == nullptr) {
+    if ((idle & 63) == 0) {
+      if (p_.check_abort) p_.check_abort();
+      if (p_.deadline.passed()) timeout();
+    }
+    if (waited < std::chrono::microseconds(p_.spin_us + p_.yield_us) || blocked.conn == nullptr) {
       sched_yield();
-    } else if (blocked.on_recv) {
+      return;
+    }
+    const int us = lanes_.size() > 1 ? 200 : 1000;
+    if (blocked.on_recv) {
       blocked.conn->wait_recv(us);
     } else {
       blocked.conn->wait_send(us);
     }
   }
-  static constexpr int kSpinUs = 20;
 
   [[noreturn]] void timeout() {
     std::string waiting;
@@ -213,19 +222,19 @@ class Run {
     return {c.ptr ? c.ptr + begin * p_.layout->elem_size : nullptr, n};
   }
 
-  void check_header(const WireHeader& got, const Step& s, size_t bytes) const {
+  void check_header(const WireHeader& got, const Step& s, size_t bytes, bool last) const {
     const WireHeader& want = p_.header;
-    if (got.comm_id != want.comm_id || got.seq != want.seq || got.coll != want.coll || got.dtype != want.dtype ||
-        got.op != want.op || got.root != want.root || got.count != want.count) {
+    if (!same_call(got, want)) {
       throw Error(chorusRemoteError, Subsys::Runtime,
                   cat(describe_call(p_.rank, p_.header), ": mismatched collective: this rank called ", describe_header(want), " but rank ",
                       s.recv_peer, " called ", describe_header(got),
                       got.comm_id != want.comm_id ? " on another communicator" : ""));
     }
-    if (got.bytes != bytes)
+    if (got.bytes != bytes || ((got.flags & WireHeader::kLastSlice) != 0) != last)
       throw Error(chorusRemoteError, Subsys::Runtime,
-                  cat(describe_call(p_.rank, p_.header), ": rank ", s.recv_peer, " sent ", got.bytes, " bytes where ", bytes,
-                      " were expected (per-peer counts disagree)"));
+                  cat(describe_call(p_.rank, p_.header), ": rank ", s.recv_peer, " sent ", got.bytes, " bytes",
+                      (got.flags & WireHeader::kLastSlice) ? " (its last)" : "", " where this rank expected ", bytes,
+                      last ? " (its last)" : "", ": the two sides' counts disagree"));
   }
 
   bool try_step(const Step& s, const StepConns& c, size_t slice) {
@@ -252,7 +261,8 @@ class Run {
     if (algo::op_writes_dst(s.op)) dst = slice_of(s.dst, slice);
     const size_t n = algo::op_writes_dst(s.op) ? dst.elems : src.elems;
     const bool src_input = s.src.buf == BufKind::Input;
-    if (c.recv) check_header(*in.header, s, n * esz);
+    const bool last = slice + 1 == nslices(s);
+    if (c.recv) check_header(*in.header, s, n * esz, last);
     auto copy = [&](std::byte* to, const std::byte* from, bool from_input, bool fin) {
       if (red) {
         red->copy(to, from, n, from_input, fin);
@@ -294,6 +304,7 @@ class Run {
     if (c.send) {
       WireHeader h = p_.header;
       h.bytes = static_cast<uint32_t>(n * esz);
+      h.flags = last ? WireHeader::kLastSlice : 0;
       c.send->send_commit(h);
     }
     if (c.recv) c.recv->recv_release();

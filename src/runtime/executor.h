@@ -68,6 +68,8 @@ struct ExecPlan {
   Deadline deadline = Deadline::never();
   std::function<void()> check_abort;            // throws when the communicator failed or was aborted
   int rank = 0;                                 // for error messages ("rank 2: AllReduce #5: ...")
+  int spin_us = 20;                             // spin this long, then
+  int yield_us = 0;                             // yield the core this long, then sleep on the stalled connection
 };
 
 // "rank 2: AllReduce #5" (or "rank 2: SendRecv"): how errors of this call begin.
@@ -77,5 +79,7 @@ void execute(const ExecPlan& plan);
 
 // "AllReduce(count=10, float, sum, root=0)" from a header, for mismatch reports.
 std::string describe_header(const WireHeader& h);
+// True if two headers describe the same call (communicator, sequence, collective, count, dtype, op, root).
+bool same_call(const WireHeader& a, const WireHeader& b);
 
 }  // namespace chorus

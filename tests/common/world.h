@@ -30,6 +30,8 @@ class World {
     });
   }
   int size() const { return static_cast<int>(comms_.size()); }
+  // The test destroyed or aborted rank r's communicator itself.
+  void release(int r) { comms_[r] = nullptr; }
   chorusComm_t comm(int r) const { return comms_[r]; }
 
   // Runs fn(rank, comm) on every rank at once, one thread each.

@@ -17,6 +17,23 @@
 namespace chorus::test {
 namespace {
 
+// Sets an environment variable for one scope.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old) old_ = old;
+    had_ = old != nullptr;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
 // A buffer whose every byte is a sentinel, so "no buffer touched" can be checked.
 struct Guarded {
   explicit Guarded(size_t n) : bytes(n, std::byte{0x5A}) {}
@@ -110,6 +127,18 @@ TEST(BadInput, AllToAllvInPlace) {
     size_t counts[2] = {1, 1}, displs[2] = {0, 1};
     return chorusAllToAllv(in.data(), counts, displs, in.data(), counts, displs, chorusFloat32, c, nullptr);
   }, chorusInvalidArgument, "in place");
+}
+
+TEST(BadInput, OverlapThatIsNotTheInPlaceForm) {
+  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded&) {
+    auto* p = static_cast<std::byte*>(in.data());
+    return chorusAllReduce(p, p + 8, 16, chorusFloat32, chorusSum, c, nullptr);
+  }, chorusInvalidArgument, "overlap");
+  expect_bad([](int r, chorusComm_t c, Guarded& in, Guarded&) {
+    auto* p = static_cast<std::byte*>(in.data());
+    // In place would be recvbuff == sendbuff + rank * recvcount * 4.
+    return chorusReduceScatter(p, p + (1 - r) * 64, 16, chorusFloat32, chorusSum, c, nullptr);
+  }, chorusInvalidArgument, "in-place form");
 }
 
 TEST(BadInput, NullCommunicator) {
@@ -265,6 +294,37 @@ TEST(PointToPoint, SendToSelfInAGroup) {
   });
 }
 
+TEST(PointToPoint, TotalSizeMismatchIsAnErrorEvenWhenMessagesMatch) {
+  World w(2);
+  w.run([&](int r, chorusComm_t c) {
+    // 512 KiB sent as two 256 KiB slices, 256 KiB expected: the first message has the expected size.
+    std::vector<std::byte> buf(512 << 10);
+    chorusResult_t res = r == 0 ? chorusSend(buf.data(), buf.size(), chorusUint8, 1, c, nullptr)
+                                : chorusRecv(buf.data(), buf.size() / 2, chorusUint8, 0, c, nullptr);
+    if (r == 1) {
+      EXPECT_EQ(res, chorusRemoteError);
+      EXPECT_NE(std::string(chorusGetLastError(c)).find("counts disagree"), std::string::npos)
+          << chorusGetLastError(c);
+    }
+  });
+}
+
+TEST(Faults, MismatchThatNeedsOtherConnectionsIsReportedNotHung) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "20000");
+  World w(4);
+  w.run([&](int r, chorusComm_t c) {
+    // Rank 0's small all-reduce runs one-shot (every peer); the others' large one runs the ring (neighbours).
+    std::vector<float> v(100000, 1.0f);
+    const size_t count = r == 0 ? 1000 : v.size();
+    auto t0 = std::chrono::steady_clock::now();
+    chorusResult_t res = chorusAllReduce(v.data(), v.data(), count, chorusFloat32, chorusSum, c, nullptr);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(res, chorusRemoteError) << chorusGetLastError(c);
+    EXPECT_NE(std::string(chorusGetLastError(c)).find("count=1000"), std::string::npos) << chorusGetLastError(c);
+    EXPECT_LT(s, 10.0);
+  });
+}
+
 TEST(PointToPoint, SizeMismatchIsAnError) {
   World w(2);  // its own world: the error breaks the communicators
   w.run([&](int r, chorusComm_t c) {
@@ -329,6 +389,55 @@ TEST(Threads, TwoThreadsOnOneCommunicatorIsReported) {
   EXPECT_NE(std::string(chorusGetLastError(c[0])).find("two threads"), std::string::npos);
   chorusCommDestroy(c[0]);
   chorusCommDestroy(c[1]);
+}
+
+TEST(Faults, AMissingRankBecomesATimeoutNamingIt) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "700");
+  World w(3);  // its own world: the timeout breaks the communicators
+  std::atomic<bool> done{false};
+  w.run([&](int r, chorusComm_t c) {
+    if (r == 2) {  // never joins this all-reduce
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    std::vector<float> v(1000, 1.0f);
+    auto t0 = std::chrono::steady_clock::now();
+    chorusResult_t res = chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string text = chorusGetLastError(c);
+    // Rank 1 waits for rank 2 directly; rank 0 may time out too or hear of rank 1's timeout first.
+    EXPECT_NE(res, chorusSuccess);
+    if (r == 1) {
+      EXPECT_EQ(res, chorusTimeout) << text;
+      EXPECT_NE(text.find("rank 2"), std::string::npos) << text;
+    }
+    EXPECT_NE(text.find("AllReduce #1"), std::string::npos) << text;
+    EXPECT_LT(s, 5.0);
+    if (r == 1) done = true;
+  });
+}
+
+TEST(Faults, AbortIsLocalBoundedAndNamedByThePeers) {
+  World w(2);
+  w.run([&](int r, chorusComm_t c) {
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      auto t0 = std::chrono::steady_clock::now();
+      EXPECT_EQ(chorusCommAbort(c), chorusSuccess);
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+      w.release(1);
+      return;
+    }
+    std::vector<float> v(1000, 1.0f);
+    chorusResult_t res = chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr);
+    EXPECT_EQ(res, chorusRemoteError);
+    EXPECT_NE(std::string(chorusGetLastError(c)).find("rank 1"), std::string::npos) << chorusGetLastError(c);
+    // The communicator stays broken with the same error, and destroy still works.
+    EXPECT_EQ(chorusBarrier(c, nullptr), chorusRemoteError);
+    chorusResult_t async = chorusSuccess;
+    EXPECT_EQ(chorusCommGetAsyncError(c, &async), chorusSuccess);
+    EXPECT_EQ(async, chorusRemoteError);
+  });
 }
 
 TEST(CppApi, CommAndRequests) {

@@ -36,7 +36,11 @@ sockaddr_storage parse_addr(const std::string& text) {
   if (colon == std::string::npos) throw Error(chorusInvalidArgument, Subsys::Transport, "bad address " + text);
   std::string host = text.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  return resolve(host, std::stoi(text.substr(colon + 1)));
+  char* end = nullptr;
+  long port = std::strtol(text.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || port <= 0 || port > 65535)
+    throw Error(chorusRemoteError, Subsys::Transport, "peer published a bad tcp address " + text);
+  return resolve(host, static_cast<int>(port));
 }
 
 class TcpConnection : public Connection {
@@ -189,7 +193,17 @@ class TcpTransport : public Transport {
                                       Deadline deadline) override {
     if (s.rank > s.peer) {
       // The higher rank connects, to the address the peer published.
-      Socket sock = Socket::connect(parse_addr(s.peer_info->tcp_addr), deadline);
+      Socket sock;
+      for (;;) {  // in short slices, so a peer failure or an abort ends the wait
+        if (s.check_abort) s.check_abort();
+        Deadline slice = Deadline::after_ms(std::min(200, deadline.remaining_ms()));
+        try {
+          sock = Socket::connect(parse_addr(s.peer_info->tcp_addr), slice);
+          break;
+        } catch (const Error&) {
+          if (deadline.passed()) throw;
+        }
+      }
       auth_client(sock, secret_, deadline);
       Hello hello;
       hello.comm_id = s.comm_id;
@@ -206,7 +220,14 @@ class TcpTransport : public Transport {
         accepted_.erase(it);
         return std::make_unique<TcpConnection>(s.peer, s.channel, s.slot_bytes, s.fifo_depth, std::move(sock));
       }
-      Socket sock = listener_.accept(deadline);
+      if (s.check_abort) s.check_abort();
+      Socket sock;
+      try {
+        sock = listener_.accept(Deadline::after_ms(std::min(50, deadline.remaining_ms())));
+      } catch (const Error& e) {
+        if (e.code() == chorusTimeout && !deadline.passed()) continue;  // a slice passed: check and wait again
+        throw;
+      }
       // A connection that does not authenticate quickly is dropped; it must not stall the job.
       Deadline auth_deadline = Deadline::after_ms(std::min(5000, deadline.remaining_ms()));
       std::string why;

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the build into a temporary prefix, then builds and runs a consumer through find_package(Chorus) and
+# through pkg-config. Usage: run.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log"
+libdir=$(ls -d "$tmp"/prefix/lib*/ | head -n 1)
+cmake -S "$src/tests/install" -B "$tmp/cmake-build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/configure.log"
+cmake --build "$tmp/cmake-build" > "$tmp/build.log"
+LD_LIBRARY_PATH="$libdir" "$tmp/cmake-build/consumer"
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+cc "$src/tests/install/consumer.c" -o "$tmp/consumer-pc" $(pkg-config --cflags --libs chorus) -Wl,-rpath,"$libdir"
+"$tmp/consumer-pc"
+echo "install: find_package and pkg-config consumers passed"
