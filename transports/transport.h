@@ -70,6 +70,9 @@ class Connection {
   // passes. Spurious returns are fine: the executor re-checks.
   virtual void wait_recv(int timeout_us) = 0;
   virtual void wait_send(int timeout_us) = 0;
+  // The socket behind a pumped connection, or -1. The executor sleeps on all of a call's sockets at once, so a
+  // send that can move is not held up by a sleep on a receive.
+  virtual int poll_fd() const { return -1; }
 
  protected:
   Connection(int peer, int channel, size_t slot_bytes) : peer_(peer), channel_(channel), slot_bytes_(slot_bytes) {}

@@ -375,7 +375,15 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
   }
   for (size_t i = 0; i < missing.size(); ++i) {
     auto [peer, ch] = missing[i];
-    Blob msg = bootstrap_->recv(peer, kTagConnect, deadline);
+    Blob msg;
+    try {
+      msg = bootstrap_->recv(peer, kTagConnect, deadline);
+    } catch (const Error& e) {
+      if (e.code() != chorusTimeout) throw;
+      throw Error(chorusTimeout, Subsys::Transport,
+                  cat("timed out waiting for rank ", peer, " to connect (channel ", ch,
+                      "): it has not called this collective"));
+    }
     if (msg.size() < sizeof(WireHeader) + 1)
       throw Error(chorusRemoteError, Subsys::Transport, cat("rank ", peer, " sent a malformed connection request"));
     WireHeader theirs;

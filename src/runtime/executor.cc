@@ -1,5 +1,6 @@
 #include "runtime/executor.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -172,11 +173,24 @@ class Run {
       return;
     }
     const int us = lanes_.size() > 1 ? 200 : 1000;
-    if (blocked.on_recv) {
+    if (blocked.conn->poll_fd() >= 0) {
+      wait_sockets(us);
+    } else if (blocked.on_recv) {
       blocked.conn->wait_recv(us);
     } else {
       blocked.conn->wait_send(us);
     }
+  }
+
+  // Sleeps until any socket of the call can move bytes: readable, or writable with bytes queued.
+  void wait_sockets(int timeout_us) {
+    pollfd fds[64];
+    nfds_t n = 0;
+    for (Connection* c : *p_.all_conns) {
+      if (c->poll_fd() < 0 || n == std::size(fds)) continue;
+      fds[n++] = {c->poll_fd(), static_cast<short>(POLLIN | (c->send_idle() ? 0 : POLLOUT)), 0};
+    }
+    poll(fds, n, std::max(1, timeout_us / 1000));
   }
 
   [[noreturn]] void timeout() {

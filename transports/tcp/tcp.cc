@@ -91,6 +91,7 @@ class TcpConnection : public Connection {
 
   bool send_idle() const override { return send_tail_ == send_head_; }
 
+  int poll_fd() const override { return sock_.fd(); }
   void wait_recv(int timeout_us) override { wait_fd(POLLIN | (send_idle() ? 0 : POLLOUT), timeout_us); }
   void wait_send(int timeout_us) override { wait_fd(POLLOUT | POLLIN, timeout_us); }
 
