@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 max=${1:-256M}
 # Small sizes need many iterations for a stable mean; large ones are slow (Open MPI moves 0.2 GB/s there).
 small_iters=${SMALL_ITERS:-500}
-large_iters=${LARGE_ITERS:-8}
+large_iters=${LARGE_ITERS:-20}
 out=${OUT:-docs/perf}
 bin=build/release
 bash scripts/build.sh chorusrun all_reduce_perf mpi_allreduce_perf
@@ -21,7 +21,7 @@ run() {
   local name=$1
   shift 2
   "$@" -b 8 -e 1M -f 2 -n "$small_iters" -w 20 -J "$raw/$name.small.json" | tail -n 2
-  "$@" -b 2M -e "$max" -f 2 -n "$large_iters" -w 2 -J "$raw/$name.large.json" | tail -n 2
+  "$@" -b 2M -e "$max" -f 2 -n "$large_iters" -w 3 -J "$raw/$name.large.json" | tail -n 2
   python3 -c 'import json,sys; json.dump(json.load(open(sys.argv[1])) + json.load(open(sys.argv[2])), open(sys.argv[3], "w"), indent=1)' \
     "$raw/$name.small.json" "$raw/$name.large.json" "$raw/$name.json"
   rm -f "$raw/$name.small.json" "$raw/$name.large.json"
