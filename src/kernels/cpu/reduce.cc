@@ -35,7 +35,10 @@
 
 // Overridable so that tests can build each ISA variant alone (a machine only ever runs the best one it supports).
 #ifndef CHORUS_KERNEL_CLONES
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__gnu_linux__)
+// Not under sanitizers: an ifunc resolver runs while the dynamic loader relocates the program, before the sanitizer
+// runtime is up, and the instrumented resolver crashes there (seen with ThreadSanitizer).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__gnu_linux__) && \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 // x86-64-v4 rather than bare avx512f: the BW/DQ/VL extensions give masked 8/16-bit lanes, which the narrow float
 // codecs lean on (2-2.5x faster for fp16, bf16 and fp8 than avx512f alone). v3 is AVX2 with FMA and F16C.
 #define CHORUS_KERNEL_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
