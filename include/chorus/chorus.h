@@ -64,7 +64,8 @@ typedef enum {
   chorusBfloat16 = 9,
   chorusFloat8e4m3 = 10, /* OCP FP8 E4M3 (no infinities, max 448) */
   chorusFloat8e5m2 = 11, /* OCP FP8 E5M2 (IEEE-like) */
-  chorusNumTypes = 12
+  chorusNumTypes = 12,
+  chorusMaxDataType = 0x7fffffff /* widens the type so an invalid value can be passed and reported (C++) */
 } chorusDataType_t;
 
 /*

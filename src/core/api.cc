@@ -75,9 +75,14 @@ chorusComm* wrap(std::unique_ptr<CommImpl> impl) {
   return c;
 }
 
-// Frees the communicator and leaves the handle as a tombstone.
+// Frees the communicator and leaves the handle as a tombstone, kept in a list so it stays reachable (a deliberate
+// few bytes per destroyed communicator, not a leak).
 void retire(chorusComm* comm) {
   delete comm->impl.exchange(nullptr, std::memory_order_acq_rel);
+  static std::mutex mu;
+  static auto* tombstones = new std::vector<chorusComm*>();
+  std::lock_guard<std::mutex> lock(mu);
+  tombstones->push_back(comm);
 }
 
 // Group state: point-to-point calls between chorusGroupStart and chorusGroupEnd, per thread.
