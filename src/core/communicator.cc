@@ -86,8 +86,12 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
   // differ (a host name that resolves to 127.0.1.1 on its own host).
   comm_id_ = fnv1a(id.secret.data(), id.secret.size());
 
-  for (const std::string& name : split_list(param_str(Param::Transports)))
-    transports_.push_back(make_transport(name, secret_));
+  std::vector<std::string> names = split_list(param_str(Param::Transports));
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (std::find(names.begin(), names.begin() + i, names[i]) != names.begin() + i)
+      bad_arg(cat("CHORUS_TRANSPORTS='", param_str(Param::Transports), "' lists '", names[i], "' twice"));
+    transports_.push_back(make_transport(names[i], secret_));
+  }
   if (transports_.empty()) bad_arg("CHORUS_TRANSPORTS lists no transport");
   PeerInfo self = local_peer_info(rank);
   for (auto& t : transports_) t->describe(self);
@@ -286,7 +290,11 @@ void CommImpl::check_abort() const {
     throw Error(chorusInvalidUsage, Subsys::Core, cat("rank ", rank_, ": communicator was aborted"));
   if (bootstrap_->failed()) {
     PeerFailure f = bootstrap_->failure();
-    throw Error(chorusRemoteError, Subsys::Core, cat("rank ", rank_, ": peer failure: ", f.text));
+    // Name the rank even when the text does not (a lost root connection: rank 0's process, under launchers).
+    std::string who = f.rank >= 0 && f.text.find(cat("rank ", f.rank)) == std::string::npos
+                          ? cat("rank ", f.rank, " is gone: ")
+                          : std::string();
+    throw Error(chorusRemoteError, Subsys::Core, cat("rank ", rank_, ": peer failure: ", who, f.text));
   }
 }
 

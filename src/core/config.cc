@@ -26,7 +26,8 @@ constexpr ParamInfo kParams[] = {
      "loopback, else loopback. A name that does not exist is an error listing the names that do."},
     {Param::SliceBytes, "CHORUS_SLICE_BYTES", "size", "256K",
      "Pipelining unit: bytes per message on a connection (and per FIFO slot)."},
-    {Param::FifoDepth, "CHORUS_FIFO_DEPTH", "int", "4", "Slots per connection FIFO (messages in flight)."},
+    {Param::FifoDepth, "CHORUS_FIFO_DEPTH", "int", "4",
+     "Slots per connection FIFO (messages in flight): a power of two from 2 to 64."},
     {Param::NChannels, "CHORUS_NCHANNELS", "int", "1", "Parallel channels per collective program."},
     {Param::OneShotMaxBytes, "CHORUS_ONESHOT_MAX_BYTES", "size", "16K",
      "All-reduce of at most this many bytes per rank uses the one-shot program (one hop, every rank sends its "

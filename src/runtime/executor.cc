@@ -168,6 +168,7 @@ class Run {
       if (p_.check_abort) p_.check_abort();
       if (p_.deadline.passed()) timeout();
     }
+    if ((idle & 63) == 0) check_foreign_messages();
     if (waited < std::chrono::microseconds(p_.spin_us + p_.yield_us) || blocked.conn == nullptr) {
       sched_yield();
       return;
@@ -179,6 +180,19 @@ class Run {
       blocked.conn->wait_recv(us);
     } else {
       blocked.conn->wait_send(us);
+    }
+  }
+
+  // While stalled, look at what waits at the head of every connection of the call: a message of this very call
+  // number with another fingerprint (another root, say, whose chain never sends us what we wait for) is a mismatch
+  // that would otherwise only end at the deadline. Messages of later calls are a peer running ahead: fine.
+  void check_foreign_messages() const {
+    for (Connection* c : *p_.all_conns) {
+      MessageView m = c->recv_peek();
+      if (m.header && m.header->seq == p_.header.seq && !same_call(*m.header, p_.header))
+        throw Error(chorusRemoteError, Subsys::Runtime,
+                    cat(describe_call(p_.rank, p_.header), ": mismatched collective: this rank called ",
+                        describe_header(p_.header), " but rank ", c->peer(), " called ", describe_header(*m.header)));
     }
   }
 

@@ -325,6 +325,24 @@ TEST(Faults, MismatchThatNeedsOtherConnectionsIsReportedNotHung) {
   });
 }
 
+TEST(Faults, DifferentRootsAreReportedNotHung) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "20000");
+  for (bool reduce : {false, true}) {
+    World w(2);
+    w.run([&](int r, chorusComm_t c) {
+      std::vector<float> in(1 << 20, 1.0f), out(1 << 20);
+      auto t0 = std::chrono::steady_clock::now();
+      // Each rank believes it is the root: both chains only send, or only receive.
+      chorusResult_t res = reduce ? chorusReduce(in.data(), out.data(), in.size(), chorusFloat32, chorusSum, r, c, nullptr)
+                                  : chorusBroadcast(in.data(), out.data(), in.size(), chorusFloat32, r, c, nullptr);
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_EQ(res, chorusRemoteError) << chorusGetLastError(c);
+      EXPECT_NE(std::string(chorusGetLastError(c)).find("root="), std::string::npos) << chorusGetLastError(c);
+      EXPECT_LT(s, 10.0);
+    });
+  }
+}
+
 TEST(PointToPoint, SizeMismatchIsAnError) {
   World w(2);  // its own world: the error breaks the communicators
   w.run([&](int r, chorusComm_t c) {
