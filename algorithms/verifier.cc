@@ -136,17 +136,14 @@ class Run {
     const int parts = rp.output.parts;
     switch (prog_.coll) {
       case Coll::AllReduce:
-      case Coll::Barrier:
-        return c;
+      case Coll::Barrier: return c;
       case Coll::Broadcast:
-      case Coll::Reduce:
-        return (prog_.coll == Coll::Broadcast || r == prog_.root) ? c : -1;
+      case Coll::Reduce: return (prog_.coll == Coll::Broadcast || r == prog_.root) ? c : -1;
       case Coll::AllGather:  // input is output block r
         return c / parts == r ? c % parts : -1;
       case Coll::ReduceScatter:  // output is input block r
         return r * rp.input.parts + c;
-      default:
-        return -1;
+      default: return -1;
     }
   }
 
@@ -319,8 +316,8 @@ class Run {
     }
     if (op_writes_dst(s.op)) {
       if (part_of(r, s.dst) != part) {
-        error_ = where(r, lane, step) + cat_str(": writes part ", part, " data into a part ", part_of(r, s.dst),
-                                                " chunk (sizes may differ)");
+        error_ = where(r, lane, step) +
+                 cat_str(": writes part ", part, " data into a part ", part_of(r, s.dst), " chunk (sizes may differ)");
         return true;
       }
       if (!write_dst(r, lane, step, s, result)) return true;
@@ -390,19 +387,11 @@ class Run {
             if (r != prog_.root) continue;  // untouched, checked by write_dst
             for (int q = 0; q < n; ++q) want.push_back({q, c});
             break;
-          case Coll::AllGather:
-            want.push_back({blk, part});
-            break;
-          case Coll::Broadcast:
-            want.push_back({prog_.root, c});
-            break;
+          case Coll::AllGather: want.push_back({blk, part}); break;
+          case Coll::Broadcast: want.push_back({prog_.root, c}); break;
           case Coll::AllToAll:
-          case Coll::AllToAllv:
-            want.push_back({blk, r * rp.input.parts + part});
-            break;
-          default:
-            error_ = "the verifier has no postcondition for " + std::string(coll_name(prog_.coll));
-            return;
+          case Coll::AllToAllv: want.push_back({blk, r * rp.input.parts + part}); break;
+          default: error_ = "the verifier has no postcondition for " + std::string(coll_name(prog_.coll)); return;
         }
         std::sort(want.begin(), want.end());
         // Untouched in-place data (e.g. all-gather's own block) counts as a copy of itself.

@@ -30,9 +30,9 @@ struct VerifyOptions {
 
 struct VerifyResult {
   bool ok = false;
-  std::string error;       // first violation found, naming rank, lane and step
-  int64_t messages = 0;    // messages sent in total
-  int64_t rounds = 0;      // scheduling rounds until completion (a rough depth measure)
+  std::string error;     // first violation found, naming rank, lane and step
+  int64_t messages = 0;  // messages sent in total
+  int64_t rounds = 0;    // scheduling rounds until completion (a rough depth measure)
 };
 
 VerifyResult verify(const Program& program, const VerifyOptions& options = {});

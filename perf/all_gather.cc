@@ -19,8 +19,7 @@ class AllGather final : public Collective {
     return {Expect::Copy, static_cast<int>(i / l.count), i % l.count};
   }
   void run(const OpArgs& a) const override {
-    check_chorus(chorusAllGather(a.send, a.recv, a.count, a.dtype, a.comm, nullptr), "chorusAllGather", a.comm,
-                 a.rank);
+    check_chorus(chorusAllGather(a.send, a.recv, a.count, a.dtype, a.comm, nullptr), "chorusAllGather", a.comm, a.rank);
   }
 };
 

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -171,9 +171,12 @@ size_t parse_size(const char* text) {
   uint64_t mult = 1;
   if (pos < s.size()) {
     switch (s[pos]) {
-      case 'k': case 'K': mult = uint64_t{1} << 10; break;
-      case 'm': case 'M': mult = uint64_t{1} << 20; break;
-      case 'g': case 'G': mult = uint64_t{1} << 30; break;
+      case 'k':
+      case 'K': mult = uint64_t{1} << 10; break;
+      case 'm':
+      case 'M': mult = uint64_t{1} << 20; break;
+      case 'g':
+      case 'G': mult = uint64_t{1} << 30; break;
       default: throw BadValue{"expected a size such as 8, 64K, 32M or 1G"};
     }
     ++pos;
@@ -190,8 +193,7 @@ int parse_int(const char* text, int lo, int hi) {
   const long v = std::strtol(text, &end, 10);
   if (end == text || *end != '\0' || errno != 0) throw BadValue{"expected an integer"};
   if (lo == hi && v != lo) throw BadValue{"must be " + std::to_string(lo)};
-  if (v < lo || v > hi)
-    throw BadValue{"must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"};
+  if (v < lo || v > hi) throw BadValue{"must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"};
   return static_cast<int>(v);
 }
 
@@ -351,49 +353,64 @@ std::vector<size_t> sweep_sizes(const Options& opts) {
 
 namespace {
 
-struct Half { uint16_t bits; };
-struct Bf16 { uint16_t bits; };
-struct E4M3 { uint8_t bits; };
-struct E5M2 { uint8_t bits; };
+struct Half {
+  uint16_t bits;
+};
+struct Bf16 {
+  uint16_t bits;
+};
+struct E4M3 {
+  uint8_t bits;
+};
+struct E5M2 {
+  uint8_t bits;
+};
 
 // kExactInt: every integer of magnitude <= it is exact; kMaxPow2: largest finite power of two exponent.
-template <class T> struct FloatTraits;
-template <> struct FloatTraits<float> {
+template <class T>
+struct FloatTraits;
+template <>
+struct FloatTraits<float> {
   static double get(float v) { return v; }
   static float make(double d) { return static_cast<float>(d); }
   static constexpr double kEps = 0x1p-23;
   static constexpr int64_t kExactInt = int64_t{1} << 24;
   static constexpr int kMaxPow2 = 127;
 };
-template <> struct FloatTraits<double> {
+template <>
+struct FloatTraits<double> {
   static double get(double v) { return v; }
   static double make(double d) { return d; }
   static constexpr double kEps = 0x1p-52;
   static constexpr int64_t kExactInt = int64_t{1} << 53;
   static constexpr int kMaxPow2 = 1023;
 };
-template <> struct FloatTraits<Half> {
+template <>
+struct FloatTraits<Half> {
   static double get(Half v) { return kernels::half_to_float(v.bits); }
   static Half make(double d) { return {kernels::float_to_half(static_cast<float>(d))}; }
   static constexpr double kEps = 0x1p-10;
   static constexpr int64_t kExactInt = 2048;
   static constexpr int kMaxPow2 = 15;
 };
-template <> struct FloatTraits<Bf16> {
+template <>
+struct FloatTraits<Bf16> {
   static double get(Bf16 v) { return kernels::bf16_to_float(v.bits); }
   static Bf16 make(double d) { return {kernels::float_to_bf16(static_cast<float>(d))}; }
   static constexpr double kEps = 0x1p-7;
   static constexpr int64_t kExactInt = 256;
   static constexpr int kMaxPow2 = 127;
 };
-template <> struct FloatTraits<E4M3> {
+template <>
+struct FloatTraits<E4M3> {
   static double get(E4M3 v) { return kernels::e4m3_to_float(v.bits); }
   static E4M3 make(double d) { return {kernels::float_to_e4m3(static_cast<float>(d))}; }
   static constexpr double kEps = 0x1p-3;
   static constexpr int64_t kExactInt = 16;
   static constexpr int kMaxPow2 = 8;  // 448 is the largest finite value
 };
-template <> struct FloatTraits<E5M2> {
+template <>
+struct FloatTraits<E5M2> {
   static double get(E5M2 v) { return kernels::e5m2_to_float(v.bits); }
   static E5M2 make(double d) { return {kernels::float_to_e5m2(static_cast<float>(d))}; }
   static constexpr double kEps = 0x1p-2;
@@ -443,9 +460,12 @@ enum class Family { Copy, Sum, Prod, MinMax };
 Family family_of(Op op) {
   switch (op) {
     case Op::None: return Family::Copy;
-    case Op::Sum: case Op::Avg: case Op::PreMulSum: return Family::Sum;
+    case Op::Sum:
+    case Op::Avg:
+    case Op::PreMulSum: return Family::Sum;
     case Op::Prod: return Family::Prod;
-    case Op::Max: case Op::Min: return Family::MinMax;
+    case Op::Max:
+    case Op::Min: return Family::MinMax;
   }
   return Family::Copy;
 }
@@ -513,7 +533,9 @@ bool reduced_ok(T got, const DataModel& m, Op op, int nranks, size_t index) {
   if constexpr (kIsInt<T>) {
     T want{};
     switch (op) {
-      case Op::Sum: case Op::Avg: case Op::PreMulSum: {
+      case Op::Sum:
+      case Op::Avg:
+      case Op::PreMulSum: {
         const uint64_t scale = op == Op::PreMulSum ? static_cast<uint64_t>(kPreMulScalar) : 1;
         uint64_t acc = 0;
         for (int r = 0; r < nranks; ++r) acc += scale * static_cast<uint64_t>(static_cast<T>(m.value(r, index)));
@@ -533,7 +555,8 @@ bool reduced_ok(T got, const DataModel& m, Op op, int nranks, size_t index) {
         want = static_cast<T>(acc);
         break;
       }
-      case Op::Max: case Op::Min: {
+      case Op::Max:
+      case Op::Min: {
         want = static_cast<T>(m.value(0, index));
         for (int r = 1; r < nranks; ++r) {
           const T v = static_cast<T>(m.value(r, index));
@@ -548,7 +571,9 @@ bool reduced_ok(T got, const DataModel& m, Op op, int nranks, size_t index) {
     using FT = FloatTraits<T>;
     double want = 0;
     switch (op) {
-      case Op::Sum: case Op::Avg: case Op::PreMulSum: {
+      case Op::Sum:
+      case Op::Avg:
+      case Op::PreMulSum: {
         const double scale = op == Op::PreMulSum ? static_cast<double>(kPreMulScalar) : 1.0;
         for (int r = 0; r < nranks; ++r) want += scale * static_cast<double>(m.value(r, index));
         if (op == Op::Avg) {
@@ -564,7 +589,8 @@ bool reduced_ok(T got, const DataModel& m, Op op, int nranks, size_t index) {
         want = 1;
         for (int r = 0; r < nranks; ++r) want *= static_cast<double>(m.value(r, index));
         break;
-      case Op::Max: case Op::Min:
+      case Op::Max:
+      case Op::Min:
         want = static_cast<double>(m.value(0, index));
         for (int r = 1; r < nranks; ++r) {
           const double v = static_cast<double>(m.value(r, index));
@@ -763,9 +789,8 @@ OpArgs make_args(const SweepState& s, const Layout& l, size_t ts, bool inplace) 
 }
 
 void fill_input(const DataModel& m, const OpArgs& a, size_t count) {
-  with_type(a.dtype, [&]<class T>(Tag<T>) {
-    fill_typed(m, a.rank, static_cast<T*>(const_cast<void*>(a.send)), count);
-  });
+  with_type(a.dtype,
+            [&]<class T>(Tag<T>) { fill_typed(m, a.rank, static_cast<T*>(const_cast<void*>(a.send)), count); });
 }
 
 Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const DataModel& m) {
@@ -807,11 +832,10 @@ void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std:
     std::printf("%d(factor)", o.step_factor);
   else
     std::printf("%zu(bytes)", o.step_bytes);
-  std::printf(" warmup iters: %d iters: %d validation: %d blocking: %d time over ranks: %s\n", o.warmup_iters,
-              o.iters, o.check_iters, o.blocking ? 1 : 0, average_name(o.average));
+  std::printf(" warmup iters: %d iters: %d validation: %d blocking: %d time over ranks: %s\n", o.warmup_iters, o.iters,
+              o.check_iters, o.blocking ? 1 : 0, average_name(o.average));
   std::printf("#\n# Ranks\n");
-  for (const RankInfo& r : infos)
-    std::printf("#  Rank %3d  Pid %7d  on %s  device host\n", r.rank, r.pid, r.host);
+  for (const RankInfo& r : infos) std::printf("#  Rank %3d  Pid %7d  on %s  device host\n", r.rank, r.pid, r.host);
   print_table_header();
 }
 
@@ -821,17 +845,9 @@ bool write_json(const std::string& path, const std::vector<Row>& rows, const Col
     for (int p = 0; p < 2; ++p) {
       const Measured& m = row.place[p];
       nlohmann::json rec = {
-          {"collective", coll.name()},
-          {"size", row.bytes},
-          {"count", row.elements},
-          {"type", dtype_name(row.dtype)},
-          {"redop", op_name(row.op)},
-          {"root", row.root},
-          {"nranks", nranks},
-          {"inplace", p == 1},
-          {"time_us", m.time_us},
-          {"algbw", m.algbw},
-          {"busbw", m.busbw},
+          {"collective", coll.name()}, {"size", row.bytes}, {"count", row.elements}, {"type", dtype_name(row.dtype)},
+          {"redop", op_name(row.op)},  {"root", row.root},  {"nranks", nranks},      {"inplace", p == 1},
+          {"time_us", m.time_us},      {"algbw", m.algbw},  {"busbw", m.busbw},
       };
       rec["wrong"] = m.wrong < 0 ? nlohmann::json(nullptr) : nlohmann::json(m.wrong);
       records.push_back(std::move(rec));
@@ -852,8 +868,8 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
 
   if (coll.rooted() && opts.root >= n) {
     if (leader)
-      std::fprintf(stderr, "%s: invalid value '%d' for -r/--root: must be in [0, %d) or -1 (all)\n",
-                   tool.name.c_str(), opts.root, n);
+      std::fprintf(stderr, "%s: invalid value '%d' for -r/--root: must be in [0, %d) or -1 (all)\n", tool.name.c_str(),
+                   opts.root, n);
     return kExitUsage;
   }
 

@@ -30,10 +30,10 @@ int main(int argc, char** argv) {
 
   std::printf("\nTransports (default priority order; the first that can reach a peer is used):\n");
   for (const std::string& t : chorus::transport_names()) {
-    const char* what = t == "local"  ? "ranks that are threads of one process: slot FIFOs in process memory"
-                       : t == "shm"  ? "processes on one host: slot FIFOs in POSIX shared memory (mode 0600)"
-                       : t == "tcp"  ? "any reachable rank: non-blocking sockets, authenticated by the job secret"
-                                     : "";
+    const char* what = t == "local" ? "ranks that are threads of one process: slot FIFOs in process memory"
+                       : t == "shm" ? "processes on one host: slot FIFOs in POSIX shared memory (mode 0600)"
+                       : t == "tcp" ? "any reachable rank: non-blocking sockets, authenticated by the job secret"
+                                    : "";
     std::printf("  %-6s %s\n", t.c_str(), what);
   }
 

@@ -67,9 +67,9 @@ int main(int argc, char** argv) {
   int n = 0;
   double timeout_s = 0;
   static option longopts[] = {{"nranks", required_argument, nullptr, 'n'},
-                               {"timeout", required_argument, nullptr, 't'},
-                               {"help", no_argument, nullptr, 'h'},
-                               {nullptr, 0, nullptr, 0}};
+                              {"timeout", required_argument, nullptr, 't'},
+                              {"help", no_argument, nullptr, 'h'},
+                              {nullptr, 0, nullptr, 0}};
   int c;
   // '+' stops at the first non-option: the program's own flags are not ours.
   while ((c = getopt_long(argc, argv, "+n:h", longopts, nullptr)) != -1) {
@@ -165,8 +165,10 @@ int main(int argc, char** argv) {
         pfds.push_back({ranks[r].out_fd, POLLIN, 0});
         who.push_back(r);
       }
-    if (!pfds.empty()) poll(pfds.data(), pfds.size(), 100);
-    else usleep(100000);
+    if (!pfds.empty())
+      poll(pfds.data(), pfds.size(), 100);
+    else
+      usleep(100000);
     for (size_t i = 0; i < pfds.size(); ++i) {
       if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       Rank& r = ranks[who[i]];
@@ -220,7 +222,8 @@ int main(int argc, char** argv) {
     if (ranks[r].out_fd >= 0) {
       char buf[65536];
       ssize_t got;
-      while ((got = read(ranks[r].out_fd, buf, sizeof(buf))) > 0) ranks[r].partial.append(buf, static_cast<size_t>(got));
+      while ((got = read(ranks[r].out_fd, buf, sizeof(buf))) > 0)
+        ranks[r].partial.append(buf, static_cast<size_t>(got));
       flush_lines(r, ranks[r], true);
     }
   return exit_code;

@@ -19,9 +19,9 @@ class SlotFifo {
   // Lays the FIFO over `region` (64-byte aligned, region_bytes() long); `initialize` on exactly one side.
   SlotFifo(void* region, size_t slot_bytes, int depth, bool initialize);
 
-  std::byte* send_slot();                    // nullptr when full
+  std::byte* send_slot();  // nullptr when full
   void send_commit(const WireHeader& header);
-  MessageView recv_peek();                   // {nullptr, nullptr} when empty
+  MessageView recv_peek();  // {nullptr, nullptr} when empty
   void recv_release();
   // Sleep (futex) until the other side advances its counter or `timeout_us` passes. With more ranks than cores
   // a waiting rank must give its core to the rank it waits for.

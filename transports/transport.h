@@ -29,13 +29,13 @@ namespace chorus {
 // different collective, count, dtype, op or root is detected instead of exchanging garbage.
 struct WireHeader {
   uint64_t comm_id = 0;
-  uint64_t seq = 0;     // collective sequence number; point-to-point messages carry only the high bit
-  uint64_t count = 0;   // the call's count in elements (0 where counts differ per peer)
-  uint32_t bytes = 0;   // payload bytes of this message
-  uint8_t coll = 0;     // algo::Coll
+  uint64_t seq = 0;    // collective sequence number; point-to-point messages carry only the high bit
+  uint64_t count = 0;  // the call's count in elements (0 where counts differ per peer)
+  uint32_t bytes = 0;  // payload bytes of this message
+  uint8_t coll = 0;    // algo::Coll
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t flags = 0;    // kLastSlice on the last message of a step
+  uint8_t flags = 0;  // kLastSlice on the last message of a step
   int32_t root = 0;
   uint32_t magic = kMagic;
   static constexpr uint32_t kMagic = 0x43485253;  // "CHRS"
@@ -89,8 +89,8 @@ struct PeerInfo {
   std::string host_id;         // boot id + network namespace + hostname: equal iff same (emulated) host
   uint64_t process_token = 0;  // random per process: equal (with host_id) iff same process
   int pid = 0;
-  std::string tcp_addr;        // "ip:port" of this rank's tcp listener
-  std::string settings;        // CHORUS_* settings that must agree on every rank (checked at init)
+  std::string tcp_addr;  // "ip:port" of this rank's tcp listener
+  std::string settings;  // CHORUS_* settings that must agree on every rank (checked at init)
   std::vector<std::byte> serialize() const;
   static PeerInfo deserialize(const std::vector<std::byte>& blob);  // throws on malformed data
 };

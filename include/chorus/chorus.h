@@ -34,13 +34,13 @@ extern "C" {
 typedef enum {
   chorusSuccess = 0,
   chorusUnhandledCudaError = 1,
-  chorusSystemError = 2,    /* an OS call failed (socket, shm, ...) */
-  chorusInternalError = 3,  /* a Chorus bug */
+  chorusSystemError = 2,   /* an OS call failed (socket, shm, ...) */
+  chorusInternalError = 3, /* a Chorus bug */
   chorusInvalidArgument = 4,
-  chorusInvalidUsage = 5,   /* e.g. a communicator used after destroy, or by two threads at once */
-  chorusRemoteError = 6,    /* a peer failed, died, or called a mismatched collective */
-  chorusInProgress = 7,     /* a non-blocking operation has not completed yet */
-  chorusTimeout = 8,        /* a wait passed its deadline (CHORUS_TIMEOUT_MS or the caller's) */
+  chorusInvalidUsage = 5, /* e.g. a communicator used after destroy, or by two threads at once */
+  chorusRemoteError = 6,  /* a peer failed, died, or called a mismatched collective */
+  chorusInProgress = 7,   /* a non-blocking operation has not completed yet */
+  chorusTimeout = 8,      /* a wait passed its deadline (CHORUS_TIMEOUT_MS or the caller's) */
   chorusNotSupported = 9,
   chorusNumResults = 10
 } chorusResult_t;
@@ -152,28 +152,27 @@ chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm);
  * goes to rank j). */
 chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream);
-chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
-                               int root, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
+                               chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                             chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
                                chorusComm_t comm, chorusStream_t stream);
-chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                   chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
-                                   chorusStream_t stream);
+chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                   chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                               chorusComm_t comm, chorusStream_t stream);
 /* Counts and displacements are in elements, one per rank. In place is not supported (returns
  * chorusInvalidArgument). */
-chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
-                               void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
-                               chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
+                               const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream);
 /* Point to point. Between two ranks, sends and receives match in the order they are called. Inside
  * chorusGroupStart/End they are issued together at chorusGroupEnd (so a rank may send to and receive from the
  * same peer without deadlock). */
-chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer,
-                          chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
+                          chorusStream_t stream);
 chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream);
 /* Groups nest; the outermost chorusGroupEnd issues everything called since the outermost chorusGroupStart on
@@ -188,20 +187,19 @@ chorusResult_t chorusGroupEnd(void);
  * communicator complete in the order they were issued. Every request must be freed with chorusRequestFree. */
 chorusResult_t chorusIallReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                 chorusRedOp_t op, chorusComm_t comm, chorusRequest_t* request);
-chorusResult_t chorusIbroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
-                                int root, chorusComm_t comm, chorusRequest_t* request);
+chorusResult_t chorusIbroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
+                                chorusComm_t comm, chorusRequest_t* request);
 chorusResult_t chorusIreduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                              chorusRedOp_t op, int root, chorusComm_t comm, chorusRequest_t* request);
 chorusResult_t chorusIallGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
                                 chorusComm_t comm, chorusRequest_t* request);
-chorusResult_t chorusIreduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                    chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
-                                    chorusRequest_t* request);
+chorusResult_t chorusIreduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                    chorusRedOp_t op, chorusComm_t comm, chorusRequest_t* request);
 chorusResult_t chorusIallToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                chorusComm_t comm, chorusRequest_t* request);
-chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
-                                void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
-                                chorusDataType_t datatype, chorusComm_t comm, chorusRequest_t* request);
+chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
+                                const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
+                                chorusComm_t comm, chorusRequest_t* request);
 /* *done = 1 when complete (then the request's result is returned), else *done = 0 and chorusSuccess. */
 chorusResult_t chorusTest(chorusRequest_t request, int* done);
 /* Waits up to timeout_ms milliseconds (negative: CHORUS_TIMEOUT_MS). Returns the operation's result, or

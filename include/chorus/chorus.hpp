@@ -33,32 +33,52 @@ class CommError : public std::runtime_error {
 };
 
 inline void check(chorusResult_t r, chorusComm_t comm = nullptr) {
-  if (r != chorusSuccess)
-    throw CommError(r, std::string(chorusGetErrorString(r)) + ": " + chorusGetLastError(comm));
+  if (r != chorusSuccess) throw CommError(r, std::string(chorusGetErrorString(r)) + ": " + chorusGetLastError(comm));
 }
 
 // Storage types for the 16- and 8-bit floating formats (bit patterns; convert with your framework's helpers).
-struct half { uint16_t bits; };
-struct bfloat16 { uint16_t bits; };
-struct float8_e4m3 { uint8_t bits; };
-struct float8_e5m2 { uint8_t bits; };
+struct half {
+  uint16_t bits;
+};
+struct bfloat16 {
+  uint16_t bits;
+};
+struct float8_e4m3 {
+  uint8_t bits;
+};
+struct float8_e5m2 {
+  uint8_t bits;
+};
 
 template <typename T>
 constexpr chorusDataType_t dtype_of() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, int8_t>) return chorusInt8;
-  else if constexpr (std::is_same_v<U, uint8_t>) return chorusUint8;
-  else if constexpr (std::is_same_v<U, int32_t>) return chorusInt32;
-  else if constexpr (std::is_same_v<U, uint32_t>) return chorusUint32;
-  else if constexpr (std::is_same_v<U, int64_t>) return chorusInt64;
-  else if constexpr (std::is_same_v<U, uint64_t>) return chorusUint64;
-  else if constexpr (std::is_same_v<U, float>) return chorusFloat32;
-  else if constexpr (std::is_same_v<U, double>) return chorusFloat64;
-  else if constexpr (std::is_same_v<U, half>) return chorusFloat16;
-  else if constexpr (std::is_same_v<U, bfloat16>) return chorusBfloat16;
-  else if constexpr (std::is_same_v<U, float8_e4m3>) return chorusFloat8e4m3;
-  else if constexpr (std::is_same_v<U, float8_e5m2>) return chorusFloat8e5m2;
-  else static_assert(sizeof(T) == 0, "no Chorus datatype for this element type");
+  if constexpr (std::is_same_v<U, int8_t>)
+    return chorusInt8;
+  else if constexpr (std::is_same_v<U, uint8_t>)
+    return chorusUint8;
+  else if constexpr (std::is_same_v<U, int32_t>)
+    return chorusInt32;
+  else if constexpr (std::is_same_v<U, uint32_t>)
+    return chorusUint32;
+  else if constexpr (std::is_same_v<U, int64_t>)
+    return chorusInt64;
+  else if constexpr (std::is_same_v<U, uint64_t>)
+    return chorusUint64;
+  else if constexpr (std::is_same_v<U, float>)
+    return chorusFloat32;
+  else if constexpr (std::is_same_v<U, double>)
+    return chorusFloat64;
+  else if constexpr (std::is_same_v<U, half>)
+    return chorusFloat16;
+  else if constexpr (std::is_same_v<U, bfloat16>)
+    return chorusBfloat16;
+  else if constexpr (std::is_same_v<U, float8_e4m3>)
+    return chorusFloat8e4m3;
+  else if constexpr (std::is_same_v<U, float8_e5m2>)
+    return chorusFloat8e5m2;
+  else
+    static_assert(sizeof(T) == 0, "no Chorus datatype for this element type");
 }
 
 enum class Op : int { Sum = chorusSum, Prod = chorusProd, Max = chorusMax, Min = chorusMin, Avg = chorusAvg };

@@ -98,7 +98,9 @@ int main(int argc, char** argv) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const ToolInfo tool{"mpi_allreduce_perf", "beifnwcdoaJh", {chorusInt32, chorusFloat32, chorusFloat64},
+  const ToolInfo tool{"mpi_allreduce_perf",
+                      "beifnwcdoaJh",
+                      {chorusInt32, chorusFloat32, chorusFloat64},
                       {Op::Sum, Op::Prod, Op::Max, Op::Min}};
   Options opts;
   int rc = parse_options(argc, argv, tool, &opts, rank == 0);

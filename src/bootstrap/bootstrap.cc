@@ -44,9 +44,8 @@ Frame read_frame(const Socket& sock, Deadline deadline) {
   Frame f;
   f.header = decode_header(bytes);
   auto type = static_cast<MsgType>(f.header.type);
-  uint64_t limit = (type == MsgType::Failure || type == MsgType::Reject || type == MsgType::Status)
-                       ? kMaxTextPayload
-                       : kMaxRootPayload;
+  uint64_t limit = (type == MsgType::Failure || type == MsgType::Reject || type == MsgType::Status) ? kMaxTextPayload
+                                                                                                    : kMaxRootPayload;
   if (f.header.length > limit)
     throw Error(chorusSystemError, Subsys::Bootstrap,
                 cat("the bootstrap root sent a ", msg_type_name(f.header.type), " frame of ", f.header.length,
@@ -174,8 +173,8 @@ class RootBootstrap final : public Bootstrap {
                   Deadline::after_ms(std::min(io_timeout_ms_, 5000)));
     } catch (const Error& e) {
       // The root cannot tell the others; at least this rank knows.
-      CHORUS_WARN(Bootstrap, "rank %d: could not report a failure to the bootstrap root (%s): %s", rank_,
-                  e.what(), text.c_str());
+      CHORUS_WARN(Bootstrap, "rank %d: could not report a failure to the bootstrap root (%s): %s", rank_, e.what(),
+                  text.c_str());
       set_failure(rank_, text);
     }
   }
@@ -373,8 +372,7 @@ int bootstraps_alive() { return g_alive.load(); }
 
 std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int nranks, const Blob& info,
                                            Deadline deadline) {
-  if (nranks < 1)
-    throw Error(chorusInvalidArgument, Subsys::Bootstrap, cat("nranks=", nranks, " must be at least 1"));
+  if (nranks < 1) throw Error(chorusInvalidArgument, Subsys::Bootstrap, cat("nranks=", nranks, " must be at least 1"));
   if (rank < 0 || rank >= nranks)
     throw Error(chorusInvalidArgument, Subsys::Bootstrap, cat("rank ", rank, " is out of range for nranks=", nranks));
   if (info.size() > kMaxRankPayload)
@@ -392,8 +390,7 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
   try {
     sock = Socket::connect(id.root, deadline);
   } catch (const Error& e) {
-    throw Error(e.code(), Subsys::Bootstrap,
-                cat("rank ", rank, ": cannot reach the bootstrap root: ", e.what()));
+    throw Error(e.code(), Subsys::Bootstrap, cat("rank ", rank, ": cannot reach the bootstrap root: ", e.what()));
   }
   try {
     auth_client(sock, id.secret, deadline);
@@ -436,9 +433,9 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
         auto code = static_cast<chorusResult_t>(f.header.tag);
         if (code != chorusInvalidArgument && code != chorusInvalidUsage && code != chorusRemoteError)
           code = chorusInvalidArgument;
-        throw Error(code, Subsys::Bootstrap,
-                    cat("rank ", rank, ": the bootstrap root at ", root_text, " refused the join: ",
-                        text_of(f.payload)));
+        throw Error(
+            code, Subsys::Bootstrap,
+            cat("rank ", rank, ": the bootstrap root at ", root_text, " refused the join: ", text_of(f.payload)));
       }
       case MsgType::Failure:
         throw Error(chorusRemoteError, Subsys::Bootstrap,

@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -329,11 +329,10 @@ class RootService {
       if (c->state == ConnState::Rejected) {
         close_conn(*c);
       } else {
-        CHORUS_WARN(Bootstrap, "root %s: refused connection from %s: %s within %d ms", addr_.c_str(),
-                    c->peer.c_str(),
-                    c->state == ConnState::Authenticating ? "it did not authenticate"
-                                                          : "it authenticated but did not join",
-                    options_.auth_timeout_ms);
+        CHORUS_WARN(
+            Bootstrap, "root %s: refused connection from %s: %s within %d ms", addr_.c_str(), c->peer.c_str(),
+            c->state == ConnState::Authenticating ? "it did not authenticate" : "it authenticated but did not join",
+            options_.auth_timeout_ms);
         close_conn(*c);
       }
     }
@@ -461,9 +460,8 @@ class RootService {
     if (phase_ == Phase::Failed)
       return reject(chorusRemoteError, cat("the rendezvous at ", addr_, " already failed: ", failure_text_));
     if (phase_ == Phase::Complete)
-      return reject(chorusInvalidUsage,
-                    cat("rank ", rank, " cannot join: all ", nranks_, " ranks of the rendezvous at ", addr_,
-                        " have joined"));
+      return reject(chorusInvalidUsage, cat("rank ", rank, " cannot join: all ", nranks_,
+                                            " ranks of the rendezvous at ", addr_, " have joined"));
     if (n <= 0 || n > kMaxRanks)
       return reject(chorusInvalidArgument, cat("nranks=", n, " is out of range [1, ", kMaxRanks, "]"));
     if (nranks_ != 0 && n != nranks_)
@@ -490,8 +488,8 @@ class RootService {
     rank_peer_[rank] = c.peer;
     join_blobs_[rank] = std::move(payload);
     ++njoined_;
-    CHORUS_INFO(Bootstrap, "root %s: rank %d of %d joined from %s (%d joined)", addr_.c_str(), rank, n,
-                c.peer.c_str(), njoined_);
+    CHORUS_INFO(Bootstrap, "root %s: rank %d of %d joined from %s (%d joined)", addr_.c_str(), rank, n, c.peer.c_str(),
+                njoined_);
     if (njoined_ == nranks_) complete_rendezvous();
   }
 
@@ -583,8 +581,7 @@ class RootService {
   void peer_gone(Conn& c, const std::string& os_error) {
     if (c.state == ConnState::Joined && phase_ == Phase::Failed) {
       // The rendezvous failed and every joined rank was told so: their leaving is the expected consequence.
-      CHORUS_INFO(Bootstrap, "root %s: rank %d (%s) left the failed rendezvous", addr_.c_str(), c.rank,
-                  c.peer.c_str());
+      CHORUS_INFO(Bootstrap, "root %s: rank %d (%s) left the failed rendezvous", addr_.c_str(), c.rank, c.peer.c_str());
       close_conn(c);
       return;
     }
@@ -598,8 +595,8 @@ class RootService {
       return;
     }
     if (c.state == ConnState::AwaitJoin)
-      CHORUS_WARN(Bootstrap, "root %s: connection from %s closed after authenticating, before joining",
-                  addr_.c_str(), c.peer.c_str());
+      CHORUS_WARN(Bootstrap, "root %s: connection from %s closed after authenticating, before joining", addr_.c_str(),
+                  c.peer.c_str());
     close_conn(c);
   }
 
@@ -627,8 +624,7 @@ class RootService {
 
   // ---- Writing ----
 
-  static Buffer make_buffer(MsgType type, int32_t from, int32_t to, uint32_t tag, const void* payload,
-                            size_t bytes) {
+  static Buffer make_buffer(MsgType type, int32_t from, int32_t to, uint32_t tag, const void* payload, size_t bytes) {
     return std::make_shared<const std::vector<uint8_t>>(make_frame(type, from, to, tag, payload, bytes));
   }
 
@@ -686,8 +682,8 @@ class RootService {
         if (by_rank_[r] == nullptr) continue;
         std::string peer = by_rank_[r]->peer;
         close_conn(*by_rank_[r]);
-        fail(r, cat("rank ", r, " (", peer, ") stopped reading its bootstrap connection (over ",
-                    kMaxQueuedBytes >> 20, " MiB queued for it)"));
+        fail(r, cat("rank ", r, " (", peer, ") stopped reading its bootstrap connection (over ", kMaxQueuedBytes >> 20,
+                    " MiB queued for it)"));
       }
     }
   }
@@ -710,8 +706,8 @@ class RootService {
 
   bool busy_ = false;
   int njoined_ = 0;
-  std::vector<bool> joined_;          // ever joined
-  std::vector<Conn*> by_rank_;        // live connection of each joined rank
+  std::vector<bool> joined_;    // ever joined
+  std::vector<Conn*> by_rank_;  // live connection of each joined rank
   std::vector<std::string> rank_peer_;
   std::vector<std::vector<uint8_t>> join_blobs_;
   std::string failure_text_;

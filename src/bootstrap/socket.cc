@@ -231,9 +231,9 @@ void Socket::recv_all(void* data, size_t bytes, Deadline deadline) const {
     if (err == EINTR) continue;
     if (err == EAGAIN || err == EWOULDBLOCK) {
       if (wait_fd(fd_, POLLIN, deadline) == 0)
-        throw Error(chorusTimeout, Subsys::Bootstrap,
-                    cat("timed out receiving from ", peer_text(fd_), " (", bytes - left, " of ", bytes,
-                        " bytes received)"));
+        throw Error(
+            chorusTimeout, Subsys::Bootstrap,
+            cat("timed out receiving from ", peer_text(fd_), " (", bytes - left, " of ", bytes, " bytes received)"));
       continue;
     }
     if (err == ECONNRESET)
@@ -287,8 +287,8 @@ sockaddr_storage interface_address(const std::string& ifname) {
   std::string names;
   for (const std::string& n : interface_names()) names += (names.empty() ? "" : ", ") + n;
   throw Error(chorusInvalidArgument, Subsys::Bootstrap,
-              cat("CHORUS_SOCKET_IFNAME=", ifname, ": no such interface; interfaces with an address: ",
-                  names.empty() ? "(none)" : names));
+              cat("CHORUS_SOCKET_IFNAME=", ifname,
+                  ": no such interface; interfaces with an address: ", names.empty() ? "(none)" : names));
 }
 
 sockaddr_storage default_address() {
@@ -352,8 +352,7 @@ std::string sockaddr_to_string(const sockaddr_storage& addr) {
     std::string scope;
     if (sin6->sin6_scope_id != 0) {
       char name[IF_NAMESIZE] = {};
-      scope = ::if_indextoname(sin6->sin6_scope_id, name) != nullptr ? cat("%", name)
-                                                                     : cat("%", sin6->sin6_scope_id);
+      scope = ::if_indextoname(sin6->sin6_scope_id, name) != nullptr ? cat("%", name) : cat("%", sin6->sin6_scope_id);
     }
     return cat("[", buf, scope, "]:", ntohs(sin6->sin6_port));
   }

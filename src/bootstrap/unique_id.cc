@@ -62,8 +62,8 @@ UniqueIdData decode_unique_id(const chorusUniqueId& id) {
     throw Error(chorusInvalidArgument, Subsys::Bootstrap, "commId is not a Chorus unique id");
   if (b[4] != kVersion)
     throw Error(chorusInvalidArgument, Subsys::Bootstrap,
-                cat("commId is a Chorus unique id of version ", int{b[4]}, "; this build reads version ",
-                    int{kVersion}, " (mixed Chorus versions in one job?)"));
+                cat("commId is a Chorus unique id of version ", int{b[4]}, "; this build reads version ", int{kVersion},
+                    " (mixed Chorus versions in one job?)"));
   UniqueIdData data;
   int port = (int{b[kPortOff]} << 8) | b[kPortOff + 1];
   if (b[5] == 4) {

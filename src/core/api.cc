@@ -96,7 +96,8 @@ chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
   return guarded(comm, [&] {
     CommImpl& c = live(comm);
     if (stream != nullptr)
-      throw Error(chorusNotSupported, Subsys::Core, "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
+      throw Error(chorusNotSupported, Subsys::Core,
+                  "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
     if (t_group.depth > 0)
       throw Error(chorusInvalidUsage, Subsys::Core, "only chorusSend/chorusRecv may be called inside a group");
     CommImpl::Guard guard(c);
@@ -125,7 +126,8 @@ chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chor
   return guarded(comm, [&] {
     CommImpl& c = live(comm);
     if (stream != nullptr)
-      throw Error(chorusNotSupported, Subsys::Core, "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
+      throw Error(chorusNotSupported, Subsys::Core,
+                  "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
     CollArgs a;
     a.coll = algo::Coll::SendRecv;
     a.p2p.push_back({is_send, peer, buf, count, dtype});
@@ -287,7 +289,11 @@ chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t coun
                                chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::AllReduce;
-  a.send = sendbuff; a.recv = recvbuff; a.count = count; a.dtype = datatype; a.op = op;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = count;
+  a.dtype = datatype;
+  a.op = op;
   return collective(comm, std::move(a), stream);
 }
 
@@ -295,7 +301,11 @@ chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t coun
                                chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::Broadcast;
-  a.send = sendbuff; a.recv = recvbuff; a.count = count; a.dtype = datatype; a.root = root;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = count;
+  a.dtype = datatype;
+  a.root = root;
   return collective(comm, std::move(a), stream);
 }
 
@@ -303,7 +313,12 @@ chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, 
                             chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::Reduce;
-  a.send = sendbuff; a.recv = recvbuff; a.count = count; a.dtype = datatype; a.op = op; a.root = root;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = count;
+  a.dtype = datatype;
+  a.op = op;
+  a.root = root;
   return collective(comm, std::move(a), stream);
 }
 
@@ -311,7 +326,10 @@ chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t send
                                chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::AllGather;
-  a.send = sendbuff; a.recv = recvbuff; a.count = sendcount; a.dtype = datatype;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = sendcount;
+  a.dtype = datatype;
   return collective(comm, std::move(a), stream);
 }
 
@@ -319,7 +337,11 @@ chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t 
                                    chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::ReduceScatter;
-  a.send = sendbuff; a.recv = recvbuff; a.count = recvcount; a.dtype = datatype; a.op = op;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = recvcount;
+  a.dtype = datatype;
+  a.op = op;
   return collective(comm, std::move(a), stream);
 }
 
@@ -327,7 +349,10 @@ chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count
                               chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::AllToAll;
-  a.send = sendbuff; a.recv = recvbuff; a.count = count; a.dtype = datatype;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = count;
+  a.dtype = datatype;
   return collective(comm, std::move(a), stream);
 }
 
@@ -341,7 +366,9 @@ chorusResult_t alltoallv_args(CollArgs& a, chorusComm* comm, const void* sendbuf
     if (!sendcounts || !sdispls || !recvcounts || !rdispls)
       throw Error(chorusInvalidArgument, Subsys::Core, "sendcounts, sdispls, recvcounts and rdispls must not be NULL");
     a.coll = algo::Coll::AllToAllv;
-    a.send = sendbuff; a.recv = recvbuff; a.dtype = datatype;
+    a.send = sendbuff;
+    a.recv = recvbuff;
+    a.dtype = datatype;
     a.sendcounts.assign(sendcounts, sendcounts + n);
     a.sdispls.assign(sdispls, sdispls + n);
     a.recvcounts.assign(recvcounts, recvcounts + n);
@@ -408,9 +435,9 @@ chorusResult_t chorusGroupEnd(void) {
   return result;
 }
 
-#define CHORUS_ICOLL(body)      \
-  CollArgs a;                   \
-  body;                         \
+#define CHORUS_ICOLL(body) \
+  CollArgs a;              \
+  body;                    \
   return icollective(comm, std::move(a), request)
 
 chorusResult_t chorusIallReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
@@ -425,8 +452,8 @@ chorusResult_t chorusIbroadcast(const void* sendbuff, void* recvbuff, size_t cou
 }
 chorusResult_t chorusIreduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                              chorusRedOp_t op, int root, chorusComm_t comm, chorusRequest_t* request) {
-  CHORUS_ICOLL(a.coll = algo::Coll::Reduce; a.send = sendbuff; a.recv = recvbuff; a.count = count;
-               a.dtype = datatype; a.op = op; a.root = root);
+  CHORUS_ICOLL(a.coll = algo::Coll::Reduce; a.send = sendbuff; a.recv = recvbuff; a.count = count; a.dtype = datatype;
+               a.op = op; a.root = root);
 }
 chorusResult_t chorusIallGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
                                 chorusComm_t comm, chorusRequest_t* request) {

@@ -4,13 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "algorithms/algorithms.h"
 #include "core/config.h"
@@ -71,7 +71,8 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
   const int64_t depth = param_int(Param::FifoDepth);
   // A power of two keeps slot = counter % depth consistent when the 32-bit counters wrap.
   if (depth < 2 || depth > 64 || (depth & (depth - 1)) != 0)
-    bad_arg(cat("CHORUS_FIFO_DEPTH=", depth, " must be a power of two between 2 and 64 (steps that receive and send "
+    bad_arg(cat("CHORUS_FIFO_DEPTH=", depth,
+                " must be a power of two between 2 and 64 (steps that receive and send "
                 "need 2)"));
   fifo_depth_ = static_cast<int>(depth);
   const int64_t nch = param_int(Param::NChannels);
@@ -95,9 +96,9 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
   if (transports_.empty()) bad_arg("CHORUS_TRANSPORTS lists no transport");
   PeerInfo self = local_peer_info(rank);
   for (auto& t : transports_) t->describe(self);
-  self.settings = cat("CHORUS_SLICE_BYTES=", slice_bytes_, " CHORUS_FIFO_DEPTH=", fifo_depth_, " CHORUS_NCHANNELS=",
-                      nchannels_, " CHORUS_ONESHOT_MAX_BYTES=", oneshot_max_bytes_, " CHORUS_TRANSPORTS=",
-                      param_str(Param::Transports));
+  self.settings =
+      cat("CHORUS_SLICE_BYTES=", slice_bytes_, " CHORUS_FIFO_DEPTH=", fifo_depth_, " CHORUS_NCHANNELS=", nchannels_,
+          " CHORUS_ONESHOT_MAX_BYTES=", oneshot_max_bytes_, " CHORUS_TRANSPORTS=", param_str(Param::Transports));
 
   bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_));
   for (const Blob& b : bootstrap_->peer_info()) peers_.push_back(PeerInfo::deserialize(b));
@@ -114,8 +115,8 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
   cpu_set_t cpus;
   int ncpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   oversubscribed_ = local_ranks > ncpus;
-  CHORUS_INFO(Core, "rank %d/%d: communicator %016llx ready (slice %zu bytes, fifo depth %d, %d channel(s)%s)",
-              rank, nranks, static_cast<unsigned long long>(comm_id_), slice_bytes_, fifo_depth_, nchannels_,
+  CHORUS_INFO(Core, "rank %d/%d: communicator %016llx ready (slice %zu bytes, fifo depth %d, %d channel(s)%s)", rank,
+              nranks, static_cast<unsigned long long>(comm_id_), slice_bytes_, fifo_depth_, nchannels_,
               oversubscribed_ ? ", more ranks than cores: yielding" : "");
 }
 
@@ -130,8 +131,7 @@ CommImpl::~CommImpl() {
 
 CommImpl::Guard::Guard(CommImpl& c) : c_(c) {
   std::thread::id none{};
-  if (!c.owner_.compare_exchange_strong(none, std::this_thread::get_id()) &&
-      none != std::this_thread::get_id())
+  if (!c.owner_.compare_exchange_strong(none, std::this_thread::get_id()) && none != std::this_thread::get_id())
     throw Error(chorusInvalidUsage, Subsys::Core,
                 cat("rank ", c.rank_, ": communicator used by two threads at once (one thread at a time)"));
 }
@@ -227,10 +227,8 @@ void CommImpl::validate(CollArgs& a) const {
         need(op.buf, checked_bytes(op.count, 1, op.dtype, "count"), op.is_send ? "sendbuff" : "recvbuff");
       }
       break;
-    case Coll::Barrier:
-      break;
-    case Coll::Count:
-      bad_arg("invalid collective");
+    case Coll::Barrier: break;
+    case Coll::Count: bad_arg("invalid collective");
   }
   check_overlap(a);
 }
@@ -277,8 +275,7 @@ void CommImpl::check_overlap(const CollArgs& a) const {
       }
       in_place = "(all-to-allv has no in-place form)";
       break;
-    default:
-      return;
+    default: return;
   }
   if (exact || sbytes == 0 || rbytes == 0) return;
   if (s < d + rbytes && d < s + sbytes)
@@ -398,8 +395,8 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
     std::memcpy(&theirs, msg.data(), sizeof(theirs));
     if (!same_call(theirs, call))
       throw Error(chorusRemoteError, Subsys::Runtime,
-                  cat("mismatched collective: this rank called ", describe_header(call), " but rank ", peer,
-                      " called ", describe_header(theirs)));
+                  cat("mismatched collective: this rank called ", describe_header(call), " but rank ", peer, " called ",
+                      describe_header(theirs)));
     msg.erase(msg.begin(), msg.begin() + sizeof(WireHeader));
     auto nul = std::find(msg.begin(), msg.end(), std::byte{0});
     std::string name(reinterpret_cast<const char*>(msg.data()), static_cast<size_t>(nul - msg.begin()));
@@ -464,7 +461,8 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   if (bootstrap_->failed() && text.find("peer failure") == std::string::npos) {
     PeerFailure f = bootstrap_->failure();
     if (f.rank != rank_) {
-      Error remote(chorusRemoteError, Subsys::Core, cat(what, ": peer failure: ", f.text, " (seen here as: ", text, ")"));
+      Error remote(chorusRemoteError, Subsys::Core,
+                   cat(what, ": peer failure: ", f.text, " (seen here as: ", text, ")"));
       fail(remote);
       throw remote;
     }
@@ -499,11 +497,13 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
       }
       algo::Lane& lane = lanes[{op.peer, op.is_send}];
       if (op.is_send) {
-        lane.steps.push_back({algo::OpCode::Send, -1, op.peer, {BufKind::Input, static_cast<int>(in_ptr.size())}, {}, false});
+        lane.steps.push_back(
+            {algo::OpCode::Send, -1, op.peer, {BufKind::Input, static_cast<int>(in_ptr.size())}, {}, false});
         in_ptr.push_back(static_cast<std::byte*>(op.buf));
         in_len.push_back(bytes);
       } else {
-        lane.steps.push_back({algo::OpCode::Recv, op.peer, -1, {}, {BufKind::Output, static_cast<int>(out_ptr.size())}, false});
+        lane.steps.push_back(
+            {algo::OpCode::Recv, op.peer, -1, {}, {BufKind::Output, static_cast<int>(out_ptr.size())}, false});
         out_ptr.push_back(static_cast<std::byte*>(op.buf));
         out_len.push_back(bytes);
       }
@@ -541,7 +541,8 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     // Self-sends are copies, done before any message from a peer can land in their source.
     for (size_t i = 0; i < self_send.size(); ++i) {
       size_t bytes = self_send[i]->count * dtype_size(self_send[i]->dtype);
-      if (bytes > 0 && self_send[i]->buf != self_recv[i]->buf) std::memmove(self_recv[i]->buf, self_send[i]->buf, bytes);
+      if (bytes > 0 && self_send[i]->buf != self_recv[i]->buf)
+        std::memmove(self_recv[i]->buf, self_send[i]->buf, bytes);
     }
     for (auto& [key, lane] : lanes) p2p_prog.lanes.push_back(std::move(lane));
     p2p_prog.input = {static_cast<int>(in_ptr.size()), 1};
@@ -605,8 +606,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
         layout.set_blocks(BufKind::Output, op, a.recvcounts, pout);
         break;
       }
-      default:
-        throw Error(chorusInternalError, Subsys::Core, "unhandled collective");
+      default: throw Error(chorusInternalError, Subsys::Core, "unhandled collective");
     }
     if (prog->scratch.nblocks > 0) {
       // Scratch blocks are the size of the output's; the buffer lives as long as the communicator.
@@ -625,7 +625,10 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
       case chorusProd: spec.kind = kernels::ReduceKind::Prod; break;
       case chorusMax: spec.kind = kernels::ReduceKind::Max; break;
       case chorusMin: spec.kind = kernels::ReduceKind::Min; break;
-      case chorusAvg: spec.kind = kernels::ReduceKind::Sum; spec.avg_divisor = n; break;
+      case chorusAvg:
+        spec.kind = kernels::ReduceKind::Sum;
+        spec.avg_divisor = n;
+        break;
       default:
         CHORUS_ASSERT(a.premul);
         spec.kind = kernels::ReduceKind::Sum;

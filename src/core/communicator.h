@@ -92,6 +92,7 @@ class CommImpl {
    public:
     explicit Guard(CommImpl& c);
     ~Guard();
+
    private:
     CommImpl& c_;
   };

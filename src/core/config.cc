@@ -74,21 +74,22 @@ int64_t parse_size(const std::string& text, const char* what) {
     throw Error(chorusInvalidArgument, Subsys::Core, cat(what, "='", text, "' is not a non-negative size"));
   int64_t mult = 1;
   std::string suffix(end);
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1 << 10;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB") mult = 1 << 20;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB") mult = int64_t{1} << 30;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    mult = 1 << 10;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB")
+    mult = 1 << 20;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB")
+    mult = int64_t{1} << 30;
   else if (!suffix.empty())
     throw Error(chorusInvalidArgument, Subsys::Core, cat(what, "='", text, "' has an unknown suffix '", suffix, "'"));
-  if (v > INT64_MAX / mult)
-    throw Error(chorusInvalidArgument, Subsys::Core, cat(what, "='", text, "' is too large"));
+  if (v > INT64_MAX / mult) throw Error(chorusInvalidArgument, Subsys::Core, cat(what, "='", text, "' is too large"));
   return v * mult;
 }
 
 int64_t param_int(Param p) {
   const ParamInfo& info = param_info(p);
   std::string text = param_str(p);
-  if (text.empty())
-    throw Error(chorusInvalidArgument, Subsys::Core, cat(info.name, " is not set and has no default"));
+  if (text.empty()) throw Error(chorusInvalidArgument, Subsys::Core, cat(info.name, " is not set and has no default"));
   if (std::string(info.type) == "size") return parse_size(text, info.name);
   errno = 0;
   char* end = nullptr;

@@ -10,10 +10,18 @@ namespace chorus {
 inline bool dtype_valid(int dtype) { return dtype >= 0 && dtype < chorusNumTypes; }
 inline size_t dtype_size(chorusDataType_t dtype) {
   switch (dtype) {
-    case chorusInt8: case chorusUint8: case chorusFloat8e4m3: case chorusFloat8e5m2: return 1;
-    case chorusFloat16: case chorusBfloat16: return 2;
-    case chorusInt32: case chorusUint32: case chorusFloat32: return 4;
-    case chorusInt64: case chorusUint64: case chorusFloat64: return 8;
+    case chorusInt8:
+    case chorusUint8:
+    case chorusFloat8e4m3:
+    case chorusFloat8e5m2: return 1;
+    case chorusFloat16:
+    case chorusBfloat16: return 2;
+    case chorusInt32:
+    case chorusUint32:
+    case chorusFloat32: return 4;
+    case chorusInt64:
+    case chorusUint64:
+    case chorusFloat64: return 8;
     default: return 0;
   }
 }

@@ -44,7 +44,7 @@ class Error : public std::runtime_error {
 }  // namespace chorus
 
 // Invariant check (always compiled in): aborts with the expression and location.
-#define CHORUS_ASSERT(cond)                                                      \
-  do {                                                                           \
+#define CHORUS_ASSERT(cond)                                                     \
+  do {                                                                          \
     if (!(cond)) ::chorus::assert_fail(#cond, std::source_location::current()); \
   } while (0)

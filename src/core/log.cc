@@ -31,10 +31,14 @@ LogState& state() {
   static LogState* st = [] {
     auto* s = new LogState();  // never freed: logging may run during static destruction
     std::string lvl = upper(param_str(Param::Debug));
-    if (lvl == "NONE" || lvl == "OFF") s->level = LogLevel::None;
-    else if (lvl == "INFO") s->level = LogLevel::Info;
-    else if (lvl == "TRACE") s->level = LogLevel::Trace;
-    else s->level = LogLevel::Warn;
+    if (lvl == "NONE" || lvl == "OFF")
+      s->level = LogLevel::None;
+    else if (lvl == "INFO")
+      s->level = LogLevel::Info;
+    else if (lvl == "TRACE")
+      s->level = LogLevel::Trace;
+    else
+      s->level = LogLevel::Warn;
     std::string subs = upper(param_str(Param::DebugSubsys));
     bool exclude = !subs.empty() && subs[0] == '^';
     if (exclude) subs.erase(0, 1);
@@ -49,9 +53,14 @@ LogState& state() {
       gethostname(host, sizeof(host) - 1);
       std::string path;
       for (size_t i = 0; i < file.size(); ++i) {
-        if (file[i] == '%' && i + 1 < file.size() && file[i + 1] == 'h') { path += host; ++i; }
-        else if (file[i] == '%' && i + 1 < file.size() && file[i + 1] == 'p') { path += std::to_string(getpid()); ++i; }
-        else path += file[i];
+        if (file[i] == '%' && i + 1 < file.size() && file[i + 1] == 'h') {
+          path += host;
+          ++i;
+        } else if (file[i] == '%' && i + 1 < file.size() && file[i + 1] == 'p') {
+          path += std::to_string(getpid());
+          ++i;
+        } else
+          path += file[i];
       }
       if (FILE* f = std::fopen(path.c_str(), "a")) s->out = f;
     }

@@ -13,9 +13,9 @@ void log_write(LogLevel level, Subsys subsys, const char* fmt, ...) __attribute_
 
 }  // namespace chorus
 
-#define CHORUS_LOG(level, subsys, ...)                                       \
-  do {                                                                       \
-    if (::chorus::log_enabled(::chorus::LogLevel::level, ::chorus::Subsys::subsys)) \
+#define CHORUS_LOG(level, subsys, ...)                                                       \
+  do {                                                                                       \
+    if (::chorus::log_enabled(::chorus::LogLevel::level, ::chorus::Subsys::subsys))          \
       ::chorus::log_write(::chorus::LogLevel::level, ::chorus::Subsys::subsys, __VA_ARGS__); \
   } while (0)
 #define CHORUS_WARN(subsys, ...) CHORUS_LOG(Warn, subsys, __VA_ARGS__)

@@ -254,8 +254,8 @@ class Run {
     const WireHeader& want = p_.header;
     if (!same_call(got, want)) {
       throw Error(chorusRemoteError, Subsys::Runtime,
-                  cat(describe_call(p_.rank, p_.header), ": mismatched collective: this rank called ", describe_header(want), " but rank ",
-                      s.recv_peer, " called ", describe_header(got),
+                  cat(describe_call(p_.rank, p_.header), ": mismatched collective: this rank called ",
+                      describe_header(want), " but rank ", s.recv_peer, " called ", describe_header(got),
                       got.comm_id != want.comm_id ? " on another communicator" : ""));
     }
     if (got.bytes != bytes || ((got.flags & WireHeader::kLastSlice) != 0) != last)
@@ -299,25 +299,15 @@ class Run {
       }
     };
     switch (s.op) {
-      case OpCode::Send:
-        copy(out, src.ptr, src_input, false);
-        break;
-      case OpCode::Recv:
-        copy(dst.ptr, in.payload, false, s.final);
-        break;
+      case OpCode::Send: copy(out, src.ptr, src_input, false); break;
+      case OpCode::Recv: copy(dst.ptr, in.payload, false, s.final); break;
       case OpCode::Copy:
         if (dst.ptr != src.ptr || (red && ((src_input && red->spec().premul) || s.final)))
           copy(dst.ptr, src.ptr, src_input, s.final);
         break;
-      case OpCode::RecvReduce:
-        red->reduce(dst.ptr, in.payload, src.ptr, n, src_input, s.final);
-        break;
-      case OpCode::Reduce:
-        red->reduce(dst.ptr, dst.ptr, src.ptr, n, src_input, s.final);
-        break;
-      case OpCode::RecvReduceSend:
-        red->reduce(out, in.payload, src.ptr, n, src_input, s.final);
-        break;
+      case OpCode::RecvReduce: red->reduce(dst.ptr, in.payload, src.ptr, n, src_input, s.final); break;
+      case OpCode::Reduce: red->reduce(dst.ptr, dst.ptr, src.ptr, n, src_input, s.final); break;
+      case OpCode::RecvReduceSend: red->reduce(out, in.payload, src.ptr, n, src_input, s.final); break;
       case OpCode::RecvReduceCopySend:
         red->reduce(dst.ptr, in.payload, src.ptr, n, src_input, s.final);
         if (n > 0) std::memcpy(out, dst.ptr, n * esz);

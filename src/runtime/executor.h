@@ -62,14 +62,14 @@ struct ExecPlan {
   const Layout* layout = nullptr;
   const kernels::Reducer* reducer = nullptr;  // nullptr: the collective only copies
   size_t slice_elems = 1;
-  WireHeader header;                            // template for every message (bytes filled per message)
+  WireHeader header;                                           // template for every message (bytes filled per message)
   const std::vector<std::vector<StepConns>>* conns = nullptr;  // [lane][step]
-  const std::vector<Connection*>* all_conns = nullptr;        // every connection used (pumped and flushed)
+  const std::vector<Connection*>* all_conns = nullptr;         // every connection used (pumped and flushed)
   Deadline deadline = Deadline::never();
-  std::function<void()> check_abort;            // throws when the communicator failed or was aborted
-  int rank = 0;                                 // for error messages ("rank 2: AllReduce #5: ...")
-  int spin_us = 20;                             // spin this long, then
-  int yield_us = 0;                             // yield the core this long, then sleep on the stalled connection
+  std::function<void()> check_abort;  // throws when the communicator failed or was aborted
+  int rank = 0;                       // for error messages ("rank 2: AllReduce #5: ...")
+  int spin_us = 20;                   // spin this long, then
+  int yield_us = 0;                   // yield the core this long, then sleep on the stalled connection
 };
 
 // "rank 2: AllReduce #5" (or "rank 2: SendRecv"): how errors of this call begin.

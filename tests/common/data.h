@@ -22,8 +22,8 @@ inline const char* test_op_name(TestOp o) {
   return n[static_cast<int>(o)];
 }
 constexpr TestOp kAllOps[] = {TestOp::Sum, TestOp::Prod, TestOp::Max, TestOp::Min, TestOp::Avg, TestOp::PreMulSum};
-constexpr chorusDataType_t kAllTypes[] = {chorusInt8,   chorusUint8,   chorusInt32,    chorusUint32,
-                                          chorusInt64,  chorusUint64,  chorusFloat16,  chorusFloat32,
+constexpr chorusDataType_t kAllTypes[] = {chorusInt8,    chorusUint8,    chorusInt32,      chorusUint32,
+                                          chorusInt64,   chorusUint64,   chorusFloat16,    chorusFloat32,
                                           chorusFloat64, chorusBfloat16, chorusFloat8e4m3, chorusFloat8e5m2};
 constexpr double kPreMulScalar = 2.0;
 
@@ -45,9 +45,7 @@ inline bool is_float(chorusDataType_t t) {
   return t == chorusFloat16 || t == chorusFloat32 || t == chorusFloat64 || t == chorusBfloat16 ||
          t == chorusFloat8e4m3 || t == chorusFloat8e5m2;
 }
-inline bool is_unsigned(chorusDataType_t t) {
-  return t == chorusUint8 || t == chorusUint32 || t == chorusUint64;
-}
+inline bool is_unsigned(chorusDataType_t t) { return t == chorusUint8 || t == chorusUint32 || t == chorusUint64; }
 inline size_t type_size(chorusDataType_t t) { return chorusTypeSize(t); }
 
 // Stores v (an exact small value, or a wrapped integer) as element i of a `t` array.

@@ -31,13 +31,13 @@ namespace {
 
 int g_rank = 0, g_n = 0;
 
-#define CHECK_OK(call)                                                                                \
-  do {                                                                                                \
-    chorusResult_t r_ = (call);                                                                       \
-    if (r_ != chorusSuccess) {                                                                        \
-      std::printf("FAIL %s: %s: %s\n", #call, chorusGetErrorString(r_), chorusGetLastError(comm));    \
-      return 1;                                                                                       \
-    }                                                                                                 \
+#define CHECK_OK(call)                                                                             \
+  do {                                                                                             \
+    chorusResult_t r_ = (call);                                                                    \
+    if (r_ != chorusSuccess) {                                                                     \
+      std::printf("FAIL %s: %s: %s\n", #call, chorusGetErrorString(r_), chorusGetLastError(comm)); \
+      return 1;                                                                                    \
+    }                                                                                              \
   } while (0)
 
 // All-to-allv: elements rank i sends to rank j.
@@ -45,8 +45,8 @@ size_t v_count(size_t count, int i, int j) { return count == 0 ? 0 : count * (1 
 
 enum class C { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, AllToAllv, SendRecv, Barrier };
 const char* cname(C c) {
-  static const char* n[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
-                            "AllToAll", "AllToAllv", "SendRecv", "Barrier"};
+  static const char* n[] = {"AllReduce", "Broadcast", "Reduce",   "AllGather", "ReduceScatter",
+                            "AllToAll",  "AllToAllv", "SendRecv", "Barrier"};
   return n[static_cast<int>(c)];
 }
 
@@ -137,13 +137,13 @@ int run_matrix(chorusComm_t comm) {
                   for (size_t i = 0; i < count; ++i)
                     store(t, want.data(), i, static_cast<double>(value((r + n - 1) % n, i)));
                   break;
-                case C::Barrier:
-                  check_e = 0;
-                  break;
+                case C::Barrier: check_e = 0; break;
               }
               if (in_place) {
-                if (coll == C::AllGather) std::memcpy(out.data() + r * count * esz, in.data(), count * esz);
-                else std::memcpy(out.data(), in.data(), in_e * esz);
+                if (coll == C::AllGather)
+                  std::memcpy(out.data() + r * count * esz, in.data(), count * esz);
+                else
+                  std::memcpy(out.data(), in.data(), in_e * esz);
               }
               chorusRedOp_t rop = chorusSum;
               if (red) {
@@ -284,10 +284,14 @@ int main(int argc, char** argv) {
   chorusCommUserRank(comm, &g_rank);
   chorusCommCount(comm, &g_n);
   int rc = 1;
-  if (mode == "matrix") rc = run_matrix(comm);
-  else if (mode == "kill") rc = run_kill(comm);
-  else if (mode == "mismatch-count") rc = run_mismatch(comm, false);
-  else if (mode == "mismatch-dtype") rc = run_mismatch(comm, true);
+  if (mode == "matrix")
+    rc = run_matrix(comm);
+  else if (mode == "kill")
+    rc = run_kill(comm);
+  else if (mode == "mismatch-count")
+    rc = run_mismatch(comm, false);
+  else if (mode == "mismatch-dtype")
+    rc = run_mismatch(comm, true);
   else if (mode == "intruder" || mode == "smoke") {
     std::vector<float> v(1000, 1.0f);
     res = chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, comm, nullptr);

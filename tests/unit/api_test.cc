@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cmath>
 #include <chorus/chorus.hpp>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -26,8 +26,10 @@ struct ScopedEnv {
     setenv(name, value, 1);
   }
   ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
   }
   const char* name_;
   std::string old_;
@@ -48,8 +50,8 @@ struct Guarded {
 
 // Runs `call` on every rank of a 2-rank world; every rank must get `code` with `needle` in the error text and no
 // buffer touched.
-void expect_bad(const std::function<chorusResult_t(int, chorusComm_t, Guarded&, Guarded&)>& call,
-                chorusResult_t code, const std::string& needle) {
+void expect_bad(const std::function<chorusResult_t(int, chorusComm_t, Guarded&, Guarded&)>& call, chorusResult_t code,
+                const std::string& needle) {
   World& w = World::get(2);
   w.run([&](int r, chorusComm_t comm) {
     Guarded in(4096), out(4096);
@@ -70,75 +72,95 @@ void expect_bad(const std::function<chorusResult_t(int, chorusComm_t, Guarded&, 
 }
 
 TEST(BadInput, NullSendBufferWithCount) {
-  expect_bad([](int, chorusComm_t c, Guarded&, Guarded& out) {
-    return chorusAllReduce(nullptr, out.data(), 16, chorusFloat32, chorusSum, c, nullptr);
-  }, chorusInvalidArgument, "sendbuff");
+  expect_bad(
+      [](int, chorusComm_t c, Guarded&, Guarded& out) {
+        return chorusAllReduce(nullptr, out.data(), 16, chorusFloat32, chorusSum, c, nullptr);
+      },
+      chorusInvalidArgument, "sendbuff");
 }
 
 TEST(BadInput, NullRecvBufferWithCount) {
-  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded&) {
-    return chorusAllGather(in.data(), nullptr, 16, chorusFloat32, c, nullptr);
-  }, chorusInvalidArgument, "recvbuff");
+  expect_bad([](int, chorusComm_t c, Guarded& in,
+                Guarded&) { return chorusAllGather(in.data(), nullptr, 16, chorusFloat32, c, nullptr); },
+             chorusInvalidArgument, "recvbuff");
 }
 
 TEST(BadInput, InvalidDatatype) {
-  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
-    return chorusAllReduce(in.data(), out.data(), 16, static_cast<chorusDataType_t>(42), chorusSum, c, nullptr);
-  }, chorusInvalidArgument, "datatype");
+  expect_bad(
+      [](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        return chorusAllReduce(in.data(), out.data(), 16, static_cast<chorusDataType_t>(42), chorusSum, c, nullptr);
+      },
+      chorusInvalidArgument, "datatype");
 }
 
 TEST(BadInput, InvalidOp) {
-  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
-    return chorusReduceScatter(in.data(), out.data(), 16, chorusFloat32, static_cast<chorusRedOp_t>(77), c, nullptr);
-  }, chorusInvalidArgument, "op");
+  expect_bad(
+      [](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        return chorusReduceScatter(in.data(), out.data(), 16, chorusFloat32, static_cast<chorusRedOp_t>(77), c,
+                                   nullptr);
+      },
+      chorusInvalidArgument, "op");
 }
 
 TEST(BadInput, RootOutOfRange) {
-  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
-    return chorusBroadcast(in.data(), out.data(), 16, chorusFloat32, 2, c, nullptr);
-  }, chorusInvalidArgument, "root");
-  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
-    return chorusReduce(in.data(), out.data(), 16, chorusFloat32, chorusSum, -1, c, nullptr);
-  }, chorusInvalidArgument, "root");
+  expect_bad([](int, chorusComm_t c, Guarded& in,
+                Guarded& out) { return chorusBroadcast(in.data(), out.data(), 16, chorusFloat32, 2, c, nullptr); },
+             chorusInvalidArgument, "root");
+  expect_bad(
+      [](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        return chorusReduce(in.data(), out.data(), 16, chorusFloat32, chorusSum, -1, c, nullptr);
+      },
+      chorusInvalidArgument, "root");
 }
 
 TEST(BadInput, PeerOutOfRange) {
-  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded&) {
-    return chorusSend(in.data(), 16, chorusFloat32, 5, c, nullptr);
-  }, chorusInvalidArgument, "peer");
-  expect_bad([](int, chorusComm_t c, Guarded&, Guarded& out) {
-    return chorusRecv(out.data(), 16, chorusFloat32, -1, c, nullptr);
-  }, chorusInvalidArgument, "peer");
+  expect_bad([](int, chorusComm_t c, Guarded& in,
+                Guarded&) { return chorusSend(in.data(), 16, chorusFloat32, 5, c, nullptr); },
+             chorusInvalidArgument, "peer");
+  expect_bad([](int, chorusComm_t c, Guarded&,
+                Guarded& out) { return chorusRecv(out.data(), 16, chorusFloat32, -1, c, nullptr); },
+             chorusInvalidArgument, "peer");
 }
 
 TEST(BadInput, CountWhoseByteSizeOverflows) {
-  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
-    return chorusAllReduce(in.data(), out.data(), std::numeric_limits<size_t>::max() / 2, chorusFloat64, chorusSum,
-                           c, nullptr);
-  }, chorusInvalidArgument, "overflows");
-  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded& out) {
-    // sendcount * nranks overflows even though sendcount alone fits.
-    return chorusAllGather(in.data(), out.data(), std::numeric_limits<size_t>::max() / 3 * 2, chorusInt8, c, nullptr);
-  }, chorusInvalidArgument, "overflows");
+  expect_bad(
+      [](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        return chorusAllReduce(in.data(), out.data(), std::numeric_limits<size_t>::max() / 2, chorusFloat64, chorusSum,
+                               c, nullptr);
+      },
+      chorusInvalidArgument, "overflows");
+  expect_bad(
+      [](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        // sendcount * nranks overflows even though sendcount alone fits.
+        return chorusAllGather(in.data(), out.data(), std::numeric_limits<size_t>::max() / 3 * 2, chorusInt8, c,
+                               nullptr);
+      },
+      chorusInvalidArgument, "overflows");
 }
 
 TEST(BadInput, AllToAllvInPlace) {
-  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded&) {
-    size_t counts[2] = {1, 1}, displs[2] = {0, 1};
-    return chorusAllToAllv(in.data(), counts, displs, in.data(), counts, displs, chorusFloat32, c, nullptr);
-  }, chorusInvalidArgument, "in place");
+  expect_bad(
+      [](int, chorusComm_t c, Guarded& in, Guarded&) {
+        size_t counts[2] = {1, 1}, displs[2] = {0, 1};
+        return chorusAllToAllv(in.data(), counts, displs, in.data(), counts, displs, chorusFloat32, c, nullptr);
+      },
+      chorusInvalidArgument, "in place");
 }
 
 TEST(BadInput, OverlapThatIsNotTheInPlaceForm) {
-  expect_bad([](int, chorusComm_t c, Guarded& in, Guarded&) {
-    auto* p = static_cast<std::byte*>(in.data());
-    return chorusAllReduce(p, p + 8, 16, chorusFloat32, chorusSum, c, nullptr);
-  }, chorusInvalidArgument, "overlap");
-  expect_bad([](int r, chorusComm_t c, Guarded& in, Guarded&) {
-    auto* p = static_cast<std::byte*>(in.data());
-    // In place would be recvbuff == sendbuff + rank * recvcount * 4.
-    return chorusReduceScatter(p, p + (1 - r) * 64, 16, chorusFloat32, chorusSum, c, nullptr);
-  }, chorusInvalidArgument, "in-place form");
+  expect_bad(
+      [](int, chorusComm_t c, Guarded& in, Guarded&) {
+        auto* p = static_cast<std::byte*>(in.data());
+        return chorusAllReduce(p, p + 8, 16, chorusFloat32, chorusSum, c, nullptr);
+      },
+      chorusInvalidArgument, "overlap");
+  expect_bad(
+      [](int r, chorusComm_t c, Guarded& in, Guarded&) {
+        auto* p = static_cast<std::byte*>(in.data());
+        // In place would be recvbuff == sendbuff + rank * recvcount * 4.
+        return chorusReduceScatter(p, p + (1 - r) * 64, 16, chorusFloat32, chorusSum, c, nullptr);
+      },
+      chorusInvalidArgument, "in-place form");
 }
 
 TEST(BadInput, NullCommunicator) {
@@ -303,8 +325,7 @@ TEST(PointToPoint, TotalSizeMismatchIsAnErrorEvenWhenMessagesMatch) {
                                 : chorusRecv(buf.data(), buf.size() / 2, chorusUint8, 0, c, nullptr);
     if (r == 1) {
       EXPECT_EQ(res, chorusRemoteError);
-      EXPECT_NE(std::string(chorusGetLastError(c)).find("counts disagree"), std::string::npos)
-          << chorusGetLastError(c);
+      EXPECT_NE(std::string(chorusGetLastError(c)).find("counts disagree"), std::string::npos) << chorusGetLastError(c);
     }
   });
 }
@@ -333,8 +354,9 @@ TEST(Faults, DifferentRootsAreReportedNotHung) {
       std::vector<float> in(1 << 20, 1.0f), out(1 << 20);
       auto t0 = std::chrono::steady_clock::now();
       // Each rank believes it is the root: both chains only send, or only receive.
-      chorusResult_t res = reduce ? chorusReduce(in.data(), out.data(), in.size(), chorusFloat32, chorusSum, r, c, nullptr)
-                                  : chorusBroadcast(in.data(), out.data(), in.size(), chorusFloat32, r, c, nullptr);
+      chorusResult_t res = reduce
+                               ? chorusReduce(in.data(), out.data(), in.size(), chorusFloat32, chorusSum, r, c, nullptr)
+                               : chorusBroadcast(in.data(), out.data(), in.size(), chorusFloat32, r, c, nullptr);
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       EXPECT_EQ(res, chorusRemoteError) << chorusGetLastError(c);
       EXPECT_NE(std::string(chorusGetLastError(c)).find("root="), std::string::npos) << chorusGetLastError(c);
@@ -395,8 +417,10 @@ TEST(Threads, TwoThreadsOnOneCommunicatorIsReported) {
     users.emplace_back([&] {
       float v = 1;
       chorusResult_t res = chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c[0], nullptr);
-      if (res == chorusInvalidUsage) refused++;
-      else if (res == chorusSuccess) ok++;
+      if (res == chorusInvalidUsage)
+        refused++;
+      else if (res == chorusSuccess)
+        ok++;
     });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   float v = 1;

@@ -113,8 +113,10 @@ class ScopedEnv {
   }
   ~ScopedEnv() {
     for (const auto& [name, value] : saved_) {
-      if (value) setenv(name.c_str(), value->c_str(), 1);
-      else unsetenv(name.c_str());
+      if (value)
+        setenv(name.c_str(), value->c_str(), 1);
+      else
+        unsetenv(name.c_str());
     }
   }
   void set(const char* name, const std::string& value) {
@@ -317,7 +319,8 @@ TEST(Auth, ServerRefusesAWrongProofAndGarbage) {
   EXPECT_FALSE(garbage.ok);
   EXPECT_TRUE(contains(garbage.why, "bad magic"));
 
-  AuthResult idle = authenticate(s, [&](Socket&) {}, /*server_deadline_ms=*/100);
+  AuthResult idle = authenticate(
+      s, [&](Socket&) {}, /*server_deadline_ms=*/100);
   EXPECT_FALSE(idle.ok);
   EXPECT_TRUE(contains(idle.why, "idle"));
 }
@@ -512,8 +515,8 @@ TEST_P(BootstrapRanks, JoinAllgatherP2pBarrier) {
     EXPECT_FALSE(bs->failed());
     Error timeout = caught([&] { bs->recv(prev, 99, Deadline::after_ms(20)); });
     EXPECT_EQ(timeout.code(), chorusTimeout);
-    EXPECT_TRUE(contains(timeout.what(), cat("rank ", r, ": timed out waiting for a bootstrap message from rank ",
-                                             prev, " (tag 99)")));
+    EXPECT_TRUE(contains(timeout.what(),
+                         cat("rank ", r, ": timed out waiting for a bootstrap message from rank ", prev, " (tag 99)")));
     bs->barrier(2, Deadline::after_ms(10000));  // nobody says goodbye while a peer may still be talking
   });
   // Every rank said goodbye: the root service ends.
@@ -584,8 +587,9 @@ TEST(Bootstrap, StrangersAreRefusedWhileTheJobCompletes) {
     EXPECT_TRUE(contains(e.what(), "closed by peer"));
   }
   std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_TRUE(contains(log, cat("refused connection from ", garbage_addr, ": it sent something that is not a "
-                                                                          "Chorus hello (bad magic)")));
+  EXPECT_TRUE(contains(log, cat("refused connection from ", garbage_addr,
+                                ": it sent something that is not a "
+                                "Chorus hello (bad magic)")));
   EXPECT_TRUE(contains(log, cat("refused connection from ", idle_addr, ": it did not authenticate within 300 ms")));
 }
 

@@ -128,9 +128,7 @@ void run_case(World& w, const Case& c, const Prepared& pr) {
       switch (c.coll) {
         case CollT::AllGather: std::memcpy(p.out[r].data() + r * count * esz, in, count * esz); break;
         case CollT::Broadcast:
-        case CollT::Reduce:
-          std::memcpy(p.out[r].data(), in, count * esz);
-          break;
+        case CollT::Reduce: std::memcpy(p.out[r].data(), in, count * esz); break;
         default: std::memcpy(p.out[r].data(), in, in_elems * esz); break;
       }
     }
@@ -151,11 +149,10 @@ void run_case(World& w, const Case& c, const Prepared& pr) {
       case CollT::ReduceScatter:
         for (size_t i = 0; i < count; ++i) store_result(c.t, c.op, pr.reduced[r * count + i], n, want, i);
         break;
-      case CollT::Broadcast:
-        std::memcpy(want, p.in[c.root].data(), count * esz);
-        break;
+      case CollT::Broadcast: std::memcpy(want, p.in[c.root].data(), count * esz); break;
       case CollT::AllGather:
-        for (int b = 0; b < n; ++b) std::memcpy(static_cast<std::byte*>(want) + b * count * esz, p.in[b].data(), count * esz);
+        for (int b = 0; b < n; ++b)
+          std::memcpy(static_cast<std::byte*>(want) + b * count * esz, p.in[b].data(), count * esz);
         break;
       case CollT::AllToAll:
         for (int b = 0; b < n; ++b)
@@ -200,8 +197,8 @@ void run_case(World& w, const Case& c, const Prepared& pr) {
         res = chorusAllGather(c.in_place ? out + r * count * esz : in, out, count, c.t, comm, nullptr);
         break;
       case CollT::ReduceScatter:
-        res = chorusReduceScatter(c.in_place ? out : in, c.in_place ? out + r * count * esz : out, count, c.t, op,
-                                  comm, nullptr);
+        res = chorusReduceScatter(c.in_place ? out : in, c.in_place ? out + r * count * esz : out, count, c.t, op, comm,
+                                  nullptr);
         break;
       case CollT::AllToAll: res = chorusAllToAll(send, out, count, c.t, comm, nullptr); break;
       case CollT::AllToAllv:
@@ -227,15 +224,15 @@ TEST_P(Collectives, Matrix) {
   const auto [coll, n] = GetParam();
   World& w = World::get(n);
   std::vector<size_t> counts = {0, 1, static_cast<size_t>(n - 1)};
-  const bool blocks = coll == CollT::AllGather || coll == CollT::ReduceScatter || coll == CollT::AllToAll ||
-                      coll == CollT::AllToAllv;
+  const bool blocks =
+      coll == CollT::AllGather || coll == CollT::ReduceScatter || coll == CollT::AllToAll || coll == CollT::AllToAllv;
   counts.push_back(blocks ? (kLarge + n - 1) / n : kLarge);
   std::vector<int> roots = {0};
   if (rooted(coll) && n > 1) roots.push_back(n - 1);
   for (size_t count : counts) {
     const size_t in_elems = (coll == CollT::ReduceScatter || coll == CollT::AllToAll) ? count * n
-                            : coll == CollT::AllToAllv ? 2 * count * n + n
-                                                       : count;
+                            : coll == CollT::AllToAllv                                ? 2 * count * n + n
+                                                                                      : count;
     const size_t reduced_elems = coll == CollT::ReduceScatter ? count * n : count;
     for (TestOp op : kAllOps) {
       if (!reduces(coll) && op != TestOp::Sum) continue;
@@ -260,8 +257,8 @@ TEST_P(Collectives, Matrix) {
 
 INSTANTIATE_TEST_SUITE_P(Local, Collectives,
                          ::testing::Combine(::testing::Values(CollT::AllReduce, CollT::Broadcast, CollT::Reduce,
-                                                              CollT::AllGather, CollT::ReduceScatter,
-                                                              CollT::AllToAll, CollT::AllToAllv),
+                                                              CollT::AllGather, CollT::ReduceScatter, CollT::AllToAll,
+                                                              CollT::AllToAllv),
                                             ::testing::Values(1, 2, 3, 4, 5, 7, 8)),
                          [](const auto& info) {
                            return std::string(coll_t_name(std::get<0>(info.param))) + "_" +

@@ -85,8 +85,7 @@ TEST(Verifier, DetectsAvgAppliedTwice) {
 
 TEST(Verifier, ReduceNeverWritesNonRootOutput) {
   Program prog = chain_reduce({3, 1, 1});
-  prog.ranks[2].lanes[0].steps.push_back(
-      Step{OpCode::Copy, -1, -1, {BufKind::Input, 0}, {BufKind::Output, 0}, false});
+  prog.ranks[2].lanes[0].steps.push_back(Step{OpCode::Copy, -1, -1, {BufKind::Input, 0}, {BufKind::Output, 0}, false});
   VerifyResult res = verify(prog);
   EXPECT_FALSE(res.ok);
   EXPECT_NE(res.error.find("non-root"), std::string::npos) << res.error;

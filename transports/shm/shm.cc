@@ -44,9 +44,7 @@ std::shared_ptr<Mapping> map_segment(int fd, size_t bytes, const std::string& na
 class ShmTransport : public Transport {
  public:
   const char* name() const override { return "shm"; }
-  bool can_connect(const PeerInfo& self, const PeerInfo& peer) const override {
-    return self.host_id == peer.host_id;
-  }
+  bool can_connect(const PeerInfo& self, const PeerInfo& peer) const override { return self.host_id == peer.host_id; }
 
   std::vector<std::byte> prepare(const ConnectSpec& s) override {
     if (s.rank > s.peer) return {};
@@ -102,7 +100,8 @@ class ShmTransport : public Transport {
       if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != 2 * one) {
         close(fd);
         throw Error(chorusRemoteError, Subsys::Transport,
-                    cat("shm: segment ", name, " of rank ", s.peer, " has the wrong size (slice or FIFO depth "
+                    cat("shm: segment ", name, " of rank ", s.peer,
+                        " has the wrong size (slice or FIFO depth "
                         "settings differ between ranks?)"));
       }
       try {
