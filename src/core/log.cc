@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -39,9 +41,21 @@ LogState& state() {
       s->level = LogLevel::Trace;
     else
       s->level = LogLevel::Warn;
+    // Logging cannot throw (it runs everywhere, even while unwinding), so bad values are said once and replaced.
+    if (lvl != "NONE" && lvl != "OFF" && lvl != "WARN" && lvl != "INFO" && lvl != "TRACE")
+      std::fprintf(stderr, "chorus: CHORUS_DEBUG='%s' is not NONE, WARN, INFO or TRACE; using WARN\n", lvl.c_str());
     std::string subs = upper(param_str(Param::DebugSubsys));
     bool exclude = !subs.empty() && subs[0] == '^';
     if (exclude) subs.erase(0, 1);
+    for (size_t pos = 0; pos <= subs.size();) {
+      size_t comma = subs.find(',', pos);
+      std::string name = subs.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      bool known = name == "ALL" || name.empty();
+      for (int i = 0; i < static_cast<int>(Subsys::Count); ++i) known |= name == subsys_name(static_cast<Subsys>(i));
+      if (!known) std::fprintf(stderr, "chorus: CHORUS_DEBUG_SUBSYS: unknown subsystem '%s' ignored\n", name.c_str());
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
     for (int i = 0; i < static_cast<int>(Subsys::Count); ++i) {
       std::string name = subsys_name(static_cast<Subsys>(i));
       bool listed = subs == "ALL" || ("," + subs + ",").find("," + name + ",") != std::string::npos;
@@ -62,7 +76,12 @@ LogState& state() {
         } else
           path += file[i];
       }
-      if (FILE* f = std::fopen(path.c_str(), "a")) s->out = f;
+      if (FILE* f = std::fopen(path.c_str(), "a")) {
+        s->out = f;
+      } else {
+        std::fprintf(stderr, "chorus: CHORUS_DEBUG_FILE='%s': cannot open (%s); logging to stderr\n", path.c_str(),
+                     std::strerror(errno));
+      }
     }
     return s;
   }();
