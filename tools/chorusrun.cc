@@ -10,10 +10,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -42,10 +44,26 @@ void usage(FILE* f) {
                "Each rank gets CHORUS_RANK, CHORUS_NRANKS, CHORUS_LOCAL_RANK, CHORUS_ROOT_ADDR and CHORUS_SECRET.\n");
 }
 
-// A free loopback port for rank 0's rendezvous service.
+// A free loopback port for rank 0's rendezvous service, chosen below the kernel's ephemeral range: a port from that
+// range can be taken in the meantime by any outgoing connection, even one aimed at it (a TCP self-connect while
+// rank 1 retries before rank 0 listens).
 int free_port() {
-  sockaddr_storage addr = chorus::resolve("127.0.0.1", 0);
-  chorus::Socket s = chorus::Socket::listen(addr);
+  int lo = 32768, hi = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+    std::fclose(f);
+  }
+  const int first = std::max(1024, lo - 12000), last = std::max(first + 1, lo - 1);
+  std::random_device rd;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    int port = first + static_cast<int>(rd() % static_cast<unsigned>(last - first));
+    try {
+      chorus::Socket s = chorus::Socket::listen(chorus::resolve("0.0.0.0", port));
+      return port;
+    } catch (const std::exception&) {
+    }
+  }
+  chorus::Socket s = chorus::Socket::listen(chorus::resolve("127.0.0.1", 0));
   return chorus::sockaddr_port(s.local_addr());
 }
 
