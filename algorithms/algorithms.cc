@@ -2,7 +2,9 @@
 
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <tuple>
+#include <vector>
 
 #include "core/error.h"
 
@@ -35,8 +37,50 @@ constexpr AlgorithmInfo kAlgorithms[] = {
     {8, Coll::AllReduce, "oneshot",
      "every rank sends its input to every rank and reduces in rank order: one hop, for small messages",
      oneshot_allreduce},
+    {9, Coll::AllReduce, "tree",
+     "double binary tree: reduce up and broadcast down two trees, each carrying half (Sanders et al. 2009)",
+     tree_allreduce},
+    {10, Coll::Broadcast, "tree", "double binary tree from the root, each tree carrying half", tree_broadcast},
+    {11, Coll::Reduce, "tree", "double binary tree towards the root, each tree carrying half", tree_reduce},
+    {12, Coll::AllReduce, "rhd",
+     "recursive halving reduce-scatter then doubling all-gather, any N (Rabenseifner 2004; Thakur et al. 2005)",
+     rhd_allreduce},
+    {13, Coll::ReduceScatter, "rhd", "recursive halving, any N (Thakur et al. 2005)", rhd_reduce_scatter},
+    {14, Coll::AllGather, "rhd", "recursive doubling, any N (Thakur et al. 2005)", rhd_allgather},
+    {15, Coll::AllGather, "bruck", "Bruck: ceil(log2 N) rounds at distances 1, 2, 4... (Bruck et al. 1997)",
+     bruck_allgather},
+    {16, Coll::AllToAll, "bruck", "Bruck: ceil(log2 N) rounds, blocks forwarded through scratch (Bruck et al. 1997)",
+     bruck_alltoall},
+    {17, Coll::AllGather, "pat", "PAT-style: binomial trees at halving distances, no extra buffer", pat_allgather},
+    {18, Coll::ReduceScatter, "pat", "PAT-style: mirrored binomial trees, deepest first, one scratch block",
+     pat_reduce_scatter},
+    {19, Coll::AllReduce, "hier",
+     "hierarchical: reduce-scatter in each host, all-reduce across hosts per part, all-gather in each host",
+     hier_allreduce},
+    {20, Coll::AllGather, "hier", "hierarchical: all-gather in each host, across hosts per part, then in each host",
+     hier_allgather},
+    {21, Coll::ReduceScatter, "hier", "hierarchical: reduce in each host, across hosts per part, hand to the owner",
+     hier_reduce_scatter},
+    {22, Coll::AllToAll, "hier", "two-level: via the host member matching the destination's local index",
+     hier_alltoall},
 };
 }  // namespace
+
+Program new_program(Coll coll, const char* name, const ProgramParams& p) {
+  if (p.nranks < 1) throw std::invalid_argument("nranks must be >= 1");
+  if (p.nchannels < 1) throw std::invalid_argument("nchannels must be >= 1");
+  if (p.root < 0 || p.root >= p.nranks) throw std::invalid_argument("root out of range");
+  if (!p.host_of_rank.empty() && static_cast<int>(p.host_of_rank.size()) != p.nranks)
+    throw std::invalid_argument("host_of_rank must have one entry per rank");
+  Program prog;
+  prog.coll = coll;
+  prog.algorithm = name;
+  prog.nranks = p.nranks;
+  prog.root = p.root;
+  prog.nchannels = p.nchannels;
+  prog.ranks.resize(p.nranks);
+  return prog;
+}
 
 std::span<const AlgorithmInfo> algorithm_table() { return kAlgorithms; }
 
@@ -54,8 +98,8 @@ const AlgorithmInfo& default_algorithm(Coll coll) {
 
 std::shared_ptr<const Program> get_program(const AlgorithmInfo& algo, const ProgramParams& params) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int>, std::shared_ptr<const Program>> cache;
-  auto key = std::make_tuple(algo.id, params.nranks, params.root, params.nchannels);
+  static std::map<std::tuple<int, int, int, int, std::vector<int>>, std::shared_ptr<const Program>> cache;
+  auto key = std::make_tuple(algo.id, params.nranks, params.root, params.nchannels, params.host_of_rank);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;

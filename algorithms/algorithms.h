@@ -5,6 +5,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "algorithms/program.h"
 
@@ -14,6 +15,9 @@ struct ProgramParams {
   int nranks = 1;
   int root = 0;
   int nchannels = 1;
+  // rank -> host index (hosts numbered 0..H-1), for hierarchical programs; empty means one host. Flat programs
+  // ignore it.
+  std::vector<int> host_of_rank;
 };
 
 struct AlgorithmInfo {
@@ -33,7 +37,11 @@ const AlgorithmInfo& default_algorithm(Coll coll);
 // Cached program for (coll, algorithm, params); thread-safe; programs are immutable once built.
 std::shared_ptr<const Program> get_program(const AlgorithmInfo& algo, const ProgramParams& params);
 
-// Generators (exposed for tests).
+// An empty program of `coll` for p.nranks ranks (each generator starts from it). Throws std::invalid_argument on
+// bad parameters.
+Program new_program(Coll coll, const char* name, const ProgramParams& p);
+
+// Generators (exposed for tests). A generator throws std::invalid_argument when the program does not apply.
 Program ring_allreduce(const ProgramParams& p);
 Program oneshot_allreduce(const ProgramParams& p);
 Program ring_allgather(const ProgramParams& p);
@@ -41,5 +49,19 @@ Program ring_reduce_scatter(const ProgramParams& p);
 Program chain_broadcast(const ProgramParams& p);
 Program chain_reduce(const ProgramParams& p);
 Program pairwise_alltoall(const ProgramParams& p);
+Program tree_allreduce(const ProgramParams& p);
+Program tree_broadcast(const ProgramParams& p);
+Program tree_reduce(const ProgramParams& p);
+Program rhd_allreduce(const ProgramParams& p);
+Program rhd_reduce_scatter(const ProgramParams& p);
+Program rhd_allgather(const ProgramParams& p);
+Program bruck_allgather(const ProgramParams& p);
+Program bruck_alltoall(const ProgramParams& p);
+Program pat_allgather(const ProgramParams& p);
+Program pat_reduce_scatter(const ProgramParams& p);
+Program hier_allreduce(const ProgramParams& p);
+Program hier_allgather(const ProgramParams& p);
+Program hier_reduce_scatter(const ProgramParams& p);
+Program hier_alltoall(const ProgramParams& p);
 
 }  // namespace chorus::algo

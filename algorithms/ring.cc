@@ -18,19 +18,7 @@ Step copy(ChunkRef src, ChunkRef dst, bool final) { return Step{OpCode::Copy, -1
 ChunkRef in(int c) { return {BufKind::Input, c}; }
 ChunkRef out(int c) { return {BufKind::Output, c}; }
 
-Program make(Coll coll, const char* name, const ProgramParams& p) {
-  if (p.nranks < 1) throw std::invalid_argument("nranks must be >= 1");
-  if (p.nchannels < 1) throw std::invalid_argument("nchannels must be >= 1");
-  if (p.root < 0 || p.root >= p.nranks) throw std::invalid_argument("root out of range");
-  Program prog;
-  prog.coll = coll;
-  prog.algorithm = name;
-  prog.nranks = p.nranks;
-  prog.root = p.root;
-  prog.nchannels = p.nchannels;
-  prog.ranks.resize(p.nranks);
-  return prog;
-}
+Program make(Coll coll, const char* name, const ProgramParams& p) { return new_program(coll, name, p); }
 
 }  // namespace
 

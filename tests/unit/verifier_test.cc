@@ -91,5 +91,54 @@ TEST(Verifier, ReduceNeverWritesNonRootOutput) {
   EXPECT_NE(res.error.find("non-root"), std::string::npos) << res.error;
 }
 
+// Hierarchical programs for every hosts x ranks-per-host shape up to 8 x 8, and uneven hosts.
+std::vector<int> blocks_of(const std::vector<int>& per_host) {
+  std::vector<int> hor;
+  for (size_t h = 0; h < per_host.size(); ++h) hor.insert(hor.end(), per_host[h], static_cast<int>(h));
+  return hor;
+}
+
+void prove_hierarchical(const std::vector<int>& per_host, int nch) {
+  const std::vector<int> hor = blocks_of(per_host);
+  const int n = static_cast<int>(hor.size());
+  for (const AlgorithmInfo& algo : algorithm_table()) {
+    if (std::string(algo.name) != "hier") continue;
+    Program prog = algo.generate({n, 0, nch, hor});
+    for (bool in_place : {false, true}) {
+      if (in_place && !has_in_place_form(algo.coll)) continue;
+      VerifyResult res = verify(prog, {in_place, 2});
+      std::string shape;
+      for (int m : per_host) shape += std::to_string(m) + " ";
+      ASSERT_TRUE(res.ok) << coll_name(algo.coll) << " hosts [" << shape << "] nch=" << nch
+                          << " in_place=" << in_place << ": " << res.error;
+    }
+  }
+}
+
+TEST(Verifier, HierarchicalEveryHostShapeUpTo8x8) {
+  for (int hosts = 1; hosts <= 8; ++hosts)
+    for (int per = 1; per <= 8; ++per) prove_hierarchical(std::vector<int>(hosts, per), 1);
+  prove_hierarchical({2, 2}, 2);
+  prove_hierarchical({4, 4, 4}, 3);
+}
+
+TEST(Verifier, HierarchicalUnevenHosts) {
+  for (const std::vector<int>& shape : std::vector<std::vector<int>>{
+           {3, 5}, {5, 3}, {1, 7}, {7, 1}, {2, 3, 4}, {8, 1, 8}, {1, 1, 2}, {6, 4, 2, 1}, {3, 3, 2}, {5, 8, 3, 7}})
+    prove_hierarchical(shape, 1);
+  prove_hierarchical({3, 5}, 2);
+}
+
+// Ranks interleaved across hosts (rank r on host r % H): the programs only see the host of each rank.
+TEST(Verifier, HierarchicalInterleavedPlacement) {
+  std::vector<int> hor;
+  for (int r = 0; r < 12; ++r) hor.push_back(r % 3);
+  for (const AlgorithmInfo& algo : algorithm_table()) {
+    if (std::string(algo.name) != "hier") continue;
+    VerifyResult res = verify(algo.generate({12, 0, 1, hor}), {false, 2});
+    EXPECT_TRUE(res.ok) << coll_name(algo.coll) << ": " << res.error;
+  }
+}
+
 }  // namespace
 }  // namespace chorus::algo

@@ -1,0 +1,105 @@
+// A helper for writing programs as sets of chains instead of per-rank step lists.
+//
+// A generator adds steps to (rank, lane) with a schedule key; finish() sorts every lane's steps by key (stable)
+// and writes the lanes. Two ranks that exchange several messages on one channel must order them the same way
+// (the matching rule), which holds when both sides derive the key of a message from the same quantities (round,
+// sub-chunk, hop). The verifier proves each generated program; the builder only removes bookkeeping.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "algorithms/program.h"
+
+namespace chorus::algo {
+
+// Lexicographic schedule position of a step within its lane.
+using Key = std::array<int32_t, 5>;
+
+class Builder {
+ public:
+  // `lanes_per_rank` lanes per rank; lane l runs on channel `lane_channel[l]`.
+  Builder(Program& prog, std::vector<int> lane_channel) : prog_(prog), lane_channel_(std::move(lane_channel)) {
+    items_.resize(static_cast<size_t>(prog.nranks) * lane_channel_.size());
+  }
+
+  void add(int rank, int lane, const Key& key, const Step& step) {
+    items_.at(static_cast<size_t>(rank) * lane_channel_.size() + static_cast<size_t>(lane))
+        .push_back({key, step});
+  }
+
+  // Chain reduction along `path`: path[0] sends its `src`, every middle rank adds its own and forwards, the last
+  // rank adds its own and writes `dst` (`final` marks the finished value). Hop i of the chain has key `key` with
+  // its last component increased by i. `src_of(rank)` gives each rank's operand.
+  template <class SrcOf>
+  void chain_reduce(int lane, Key key, const std::vector<int>& path, SrcOf src_of, ChunkRef dst, bool final) {
+    const size_t n = path.size();
+    if (n == 1) {
+      add(path[0], lane, key, Step{OpCode::Copy, -1, -1, src_of(path[0]), dst, final});
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const int r = path[i];
+      Step s;
+      if (i == 0) {
+        s = Step{OpCode::Send, -1, path[1], src_of(r), {}, false};
+      } else if (i + 1 < n) {
+        s = Step{OpCode::RecvReduceSend, path[i - 1], path[i + 1], src_of(r), {}, false};
+      } else {
+        s = Step{OpCode::RecvReduce, path[i - 1], -1, src_of(r), dst, final};
+      }
+      add(r, lane, key, s);
+      ++key[4];
+    }
+  }
+
+  // Chain broadcast along `path`: path[0] sends `src`, every other rank writes the value to `dst_of(rank)` and
+  // forwards it to the next. Keys as for chain_reduce.
+  template <class DstOf>
+  void chain_bcast(int lane, Key key, const std::vector<int>& path, ChunkRef src, DstOf dst_of) {
+    const size_t n = path.size();
+    for (size_t i = 0; i < n; ++i) {
+      const int r = path[i];
+      if (i == 0) {
+        if (n > 1) add(r, lane, key, Step{OpCode::Send, -1, path[1], src, {}, false});
+      } else if (i + 1 < n) {
+        add(r, lane, key, Step{OpCode::RecvCopySend, path[i - 1], path[i + 1], {}, dst_of(r), false});
+      } else {
+        add(r, lane, key, Step{OpCode::Recv, path[i - 1], -1, {}, dst_of(r), false});
+      }
+      ++key[4];
+    }
+  }
+
+  // Sorts and writes the lanes of every rank (lanes without steps are dropped).
+  void finish() {
+    const size_t nl = lane_channel_.size();
+    for (int r = 0; r < prog_.nranks; ++r) {
+      for (size_t l = 0; l < nl; ++l) {
+        auto& v = items_[static_cast<size_t>(r) * nl + l];
+        if (v.empty()) continue;
+        std::stable_sort(v.begin(), v.end(), [](const Item& a, const Item& b) { return a.key < b.key; });
+        Lane lane{lane_channel_[l], {}};
+        lane.steps.reserve(v.size());
+        for (const Item& it : v) lane.steps.push_back(it.step);
+        prog_.ranks[r].lanes.push_back(std::move(lane));
+        v.clear();
+        v.shrink_to_fit();
+      }
+    }
+  }
+
+ private:
+  struct Item {
+    Key key;
+    Step step;
+  };
+  Program& prog_;
+  std::vector<int> lane_channel_;
+  std::vector<std::vector<Item>> items_;
+};
+
+}  // namespace chorus::algo

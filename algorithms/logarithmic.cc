@@ -1,0 +1,497 @@
+// Programs with a logarithmic number of rounds or tree depth:
+//  - double binary tree all-reduce / broadcast / reduce: two binary trees, each carrying half of the data, built
+//    so that (for all-reduce) the inner nodes of one are leaves of the other (Sanders, Speck and Traeff, "Two-tree
+//    algorithms for full bandwidth broadcast, reduction and scan", Parallel Computing 2009; the layout NCCL uses).
+//    The way up (reduce) and the way down (broadcast) run in separate lanes, so slices pipeline through both.
+//  - recursive halving / doubling all-reduce, reduce-scatter and all-gather for any rank count: the ranks beyond
+//    the largest power of two first fold into a partner and get the result back at the end (Rabenseifner,
+//    "Optimization of collective reduction operations", ICCS 2004; Thakur, Rabenseifner and Gropp, "Optimization
+//    of collective communication operations in MPICH", IJHPCA 2005).
+//  - Bruck all-gather and all-to-all: ceil(log2 N) rounds at distances 1, 2, 4, ... (Bruck et al., "Efficient
+//    algorithms for all-to-all communications in multiport message-passing systems", IEEE TPDS 1997).
+//  - PAT-style all-gather and reduce-scatter ("parallel aggregated trees", the logarithmic algorithm NCCL 2.23
+//    added for one rank per node): every rank's block travels a binomial tree; all-gather at halving distances
+//    straight into the output, reduce-scatter by the mirrored trees, processed deepest offset first so that a rank
+//    holds at most one partial block (one scratch block per channel, whatever the rank count).
+// Messages always carry one chunk; a round that moves several chunks to one peer alternates sends and receives,
+// so two partners never both wait for FIFO space.
+#include <bit>
+#include <stdexcept>
+
+#include "algorithms/algorithms.h"
+#include "algorithms/builder.h"
+
+namespace chorus::algo {
+
+namespace {
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+ChunkRef in(int c) { return {BufKind::Input, c}; }
+ChunkRef out(int c) { return {BufKind::Output, c}; }
+ChunkRef scr(int c) { return {BufKind::Scratch, c}; }
+Step send(int peer, ChunkRef src) { return Step{OpCode::Send, -1, peer, src, {}, false}; }
+Step recv(int peer, ChunkRef dst, bool final = false) { return Step{OpCode::Recv, peer, -1, {}, dst, final}; }
+Step copy(ChunkRef src, ChunkRef dst, bool final) { return Step{OpCode::Copy, -1, -1, src, dst, final}; }
+Step recv_reduce(int peer, ChunkRef src, ChunkRef dst, bool final) {
+  return Step{OpCode::RecvReduce, peer, -1, src, dst, final};
+}
+
+// ---- Binary trees ----
+
+struct TreeNode {
+  int parent = -1;
+  std::vector<int> children;
+};
+
+// In-order balanced binary tree over positions [lo, hi]; returns its root position.
+int build_inorder(int lo, int hi, int parent, std::vector<TreeNode>& t) {
+  if (lo > hi) return -1;
+  const int mid = lo + (hi - lo) / 2;
+  t[mid].parent = parent;
+  const int l = build_inorder(lo, mid - 1, mid, t), r = build_inorder(mid + 1, hi, mid, t);
+  if (l >= 0) t[mid].children.push_back(l);
+  if (r >= 0) t[mid].children.push_back(r);
+  return mid;
+}
+
+// Tree over ranks: tree[rank] with parent/children as ranks. `rooted`: position 0 is the root and positions
+// 1..n-1 form its two subtrees; otherwise the in-order tree over all positions. rank = map(position).
+template <class Map>
+std::vector<TreeNode> make_tree(int n, bool rooted, Map map) {
+  std::vector<TreeNode> pos(n);
+  if (rooted) {
+    const int half = (n - 1 + 1) / 2;  // positions 1..half and half+1..n-1
+    const int a = build_inorder(1, half, 0, pos), b = build_inorder(half + 1, n - 1, 0, pos);
+    if (a >= 0) pos[0].children.push_back(a);
+    if (b >= 0) pos[0].children.push_back(b);
+  } else {
+    build_inorder(0, n - 1, -1, pos);
+  }
+  std::vector<TreeNode> ranks(n);
+  for (int p = 0; p < n; ++p) {
+    TreeNode& t = ranks[map(p)];
+    t.parent = pos[p].parent < 0 ? -1 : map(pos[p].parent);
+    for (int c : pos[p].children) t.children.push_back(map(c));
+  }
+  return ranks;
+}
+
+enum class TreeColl { AllReduce, Broadcast, Reduce };
+
+Program tree_program(Coll coll, TreeColl kind, const ProgramParams& p) {
+  Program prog = new_program(coll, "tree", p);
+  const int n = p.nranks, nch = p.nchannels;
+  // Lanes: (channel ch, tree t) x (up, down); tree t of channel ch uses connection channel 2ch+t.
+  std::vector<int> lane_channel;
+  for (int ch = 0; ch < nch; ++ch)
+    for (int t = 0; t < 2; ++t) lane_channel.insert(lane_channel.end(), {2 * ch + t, 2 * ch + t});
+  prog.nchannels = 2 * nch;
+  Builder b(prog, lane_channel);
+  for (int r = 0; r < n; ++r) prog.ranks[r].input = prog.ranks[r].output = {1, 2 * nch};
+  for (int t = 0; t < 2; ++t) {
+    std::vector<TreeNode> tree;
+    if (kind == TreeColl::AllReduce) {
+      tree = make_tree(n, false, [&](int pos) { return t == 0 ? pos : mod(pos + 1, n); });
+    } else {
+      tree = make_tree(n, true, [&](int pos) { return t == 0 ? mod(p.root + pos, n) : mod(p.root - pos, n); });
+    }
+    for (int ch = 0; ch < nch; ++ch) {
+      const int c = 2 * ch + t, up = 2 * c, down = 2 * c + 1;
+      for (int r = 0; r < n; ++r) {
+        const TreeNode& node = tree[r];
+        const auto& kids = node.children;
+        int seq = 0;
+        auto add = [&](int lane, Step s) { b.add(r, lane, Key{0, 0, 0, 0, seq++}, s); };
+        if (kind == TreeColl::Broadcast) {
+          if (node.parent < 0) {
+            for (int k : kids) add(down, send(k, in(c)));
+            add(down, copy(in(c), out(c), false));
+          } else if (kids.empty()) {
+            add(down, recv(node.parent, out(c)));
+          } else {
+            add(down, Step{OpCode::RecvCopySend, node.parent, kids[0], {}, out(c), false});
+            for (size_t i = 1; i < kids.size(); ++i) add(down, send(kids[i], out(c)));
+          }
+          continue;
+        }
+        // Way up: reduce the children's partial sums into this rank's input, forward to the parent.
+        const bool root = node.parent < 0;
+        const bool reduce_nonroot = kind == TreeColl::Reduce && !root;
+        if (kids.empty()) {
+          if (root) {
+            add(up, copy(in(c), out(c), true));
+          } else {
+            add(up, send(node.parent, in(c)));
+          }
+        } else {
+          // Partial sums of a non-root rank of a reduce live in scratch: its output is never written.
+          ChunkRef acc = reduce_nonroot ? scr(c) : out(c), src = in(c);
+          for (size_t i = 0; i < kids.size(); ++i) {
+            const bool last = i + 1 == kids.size();
+            if (last && !root) {
+              add(up, Step{OpCode::RecvReduceSend, kids[i], node.parent, src, {}, false});
+            } else if (last && root && kind == TreeColl::AllReduce) {
+              // The root finishes the sum and starts the way down in the same lane.
+              add(up, Step{OpCode::RecvReduceCopySend, kids[i], kids[0], src, acc, true});
+              for (size_t j = 1; j < kids.size(); ++j) add(up, send(kids[j], acc));
+            } else {
+              add(up, recv_reduce(kids[i], src, acc, last && root));
+            }
+            src = acc;
+          }
+        }
+        if (kind == TreeColl::AllReduce && !root) {
+          // Way down: the finished value from the parent, passed on to the children.
+          if (kids.empty()) {
+            add(down, recv(node.parent, out(c)));
+          } else {
+            add(down, Step{OpCode::RecvCopySend, node.parent, kids[0], {}, out(c), false});
+            for (size_t i = 1; i < kids.size(); ++i) add(down, send(kids[i], out(c)));
+          }
+        }
+      }
+    }
+  }
+  if (kind == TreeColl::Reduce)
+    for (int r = 0; r < n; ++r) prog.ranks[r].scratch = {1, 2 * nch};
+  b.finish();
+  return prog;
+}
+
+// ---- Recursive halving / doubling ----
+
+struct Rhd {
+  int n, P, R;
+  explicit Rhd(int nranks) : n(nranks), P(std::bit_floor(static_cast<unsigned>(nranks))), R(nranks - P) {}
+  // Index among the P participants, or -1 for a rank that folds into its partner (the even ranks below 2R).
+  int idx(int r) const { return r < 2 * R ? (r % 2 == 1 ? r / 2 : -1) : r - R; }
+  int rank_of(int i) const { return i < R ? 2 * i + 1 : i + R; }
+  // The folded rank served by participant i, or -1.
+  int extra_of(int i) const { return i < R ? 2 * i : -1; }
+  // Blocks (= ranks) served by participants [lo, hi), in participant order.
+  std::vector<int> blocks(int lo, int hi) const {
+    std::vector<int> v;
+    for (int i = lo; i < hi; ++i) {
+      if (extra_of(i) >= 0) v.push_back(extra_of(i));
+      v.push_back(rank_of(i));
+    }
+    return v;
+  }
+};
+
+// Alternates the two lists of steps (a0 b0 a1 b1 ...), then appends what is left of the longer.
+void interleave(std::vector<Step>& lane, const std::vector<Step>& a, const std::vector<Step>& b) {
+  for (size_t k = 0; k < std::max(a.size(), b.size()); ++k) {
+    if (k < a.size()) lane.push_back(a[k]);
+    if (k < b.size()) lane.push_back(b[k]);
+  }
+}
+
+}  // namespace
+
+Program tree_allreduce(const ProgramParams& p) { return tree_program(Coll::AllReduce, TreeColl::AllReduce, p); }
+Program tree_broadcast(const ProgramParams& p) { return tree_program(Coll::Broadcast, TreeColl::Broadcast, p); }
+Program tree_reduce(const ProgramParams& p) { return tree_program(Coll::Reduce, TreeColl::Reduce, p); }
+
+Program rhd_allreduce(const ProgramParams& p) {
+  Program prog = new_program(Coll::AllReduce, "rhd", p);
+  const int n = p.nranks, nch = p.nchannels;
+  const Rhd h(n);
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = rp.output = {1, h.P * nch};
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto c = [&](int j) { return ch * h.P + j; };
+      auto& st = lane.steps;
+      const int i = h.idx(r);
+      if (n == 1) {
+        st.push_back(copy(in(c(0)), out(c(0)), true));
+      } else if (i < 0) {
+        for (int j = 0; j < h.P; ++j) st.push_back(send(r + 1, in(c(j))));
+        for (int j = 0; j < h.P; ++j) st.push_back(recv(r + 1, out(c(j))));
+      } else {
+        std::vector<bool> in_out(h.P, false);  // chunk j's partial sum is in the output
+        const int e = h.extra_of(i);
+        if (e >= 0) {
+          for (int j = 0; j < h.P; ++j) st.push_back(recv_reduce(e, in(c(j)), out(c(j)), false));
+          in_out.assign(h.P, true);
+        }
+        auto cur = [&](int j) { return in_out[j] ? out(c(j)) : in(c(j)); };
+        int lo = 0, hi = h.P;
+        for (int mask = h.P / 2; mask >= 1; mask /= 2) {
+          const int partner = h.rank_of(i ^ mask), mid = (lo + hi) / 2;
+          const bool lower = (i & mask) == 0;
+          const int keep_lo = lower ? lo : mid, send_lo = lower ? mid : lo, half = (hi - lo) / 2;
+          std::vector<Step> sends, recvs;
+          for (int k = 0; k < half; ++k) {
+            sends.push_back(send(partner, cur(send_lo + k)));
+            recvs.push_back(recv_reduce(partner, cur(keep_lo + k), out(c(keep_lo + k)), mask == 1));
+          }
+          interleave(st, sends, recvs);
+          for (int k = 0; k < half; ++k) in_out[keep_lo + k] = true;
+          lo = keep_lo;
+          hi = keep_lo + half;
+        }
+        for (int mask = 1; mask < h.P; mask *= 2) {
+          const int partner = h.rank_of(i ^ mask), size = hi - lo;
+          const int other_lo = (i & mask) == 0 ? hi : lo - size;
+          std::vector<Step> sends, recvs;
+          for (int k = 0; k < size; ++k) {
+            sends.push_back(send(partner, out(c(lo + k))));
+            recvs.push_back(recv(partner, out(c(other_lo + k))));
+          }
+          interleave(st, sends, recvs);
+          lo = std::min(lo, other_lo);
+          hi = lo + 2 * size;
+        }
+        if (e >= 0)
+          for (int j = 0; j < h.P; ++j) st.push_back(send(e, out(c(j))));
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+Program rhd_reduce_scatter(const ProgramParams& p) {
+  Program prog = new_program(Coll::ReduceScatter, "rhd", p);
+  const int n = p.nranks, nch = p.nchannels;
+  const Rhd h(n);
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {n, nch};
+    rp.output = {1, nch};
+    const int i = h.idx(r);
+    if (i >= 0 && n > 1) rp.scratch = {n, nch};
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto& st = lane.steps;
+      auto ib = [&](int b) { return in(b * nch + ch); };
+      auto sb = [&](int b) { return scr(b * nch + ch); };
+      if (n == 1) {
+        st.push_back(copy(ib(0), out(ch), true));
+      } else if (i < 0) {
+        for (int b = 0; b < n; ++b) st.push_back(send(r + 1, ib(b)));
+        st.push_back(recv(r + 1, out(ch)));
+      } else {
+        std::vector<bool> in_scr(n, false);
+        const int e = h.extra_of(i);
+        if (e >= 0) {
+          for (int b = 0; b < n; ++b) st.push_back(recv_reduce(e, ib(b), sb(b), false));
+          in_scr.assign(n, true);
+        }
+        auto cur = [&](int b) { return in_scr[b] ? sb(b) : ib(b); };
+        int lo = 0, hi = h.P;
+        for (int mask = h.P / 2; mask >= 1; mask /= 2) {
+          const int partner = h.rank_of(i ^ mask), mid = (lo + hi) / 2;
+          const bool lower = (i & mask) == 0;
+          const std::vector<int> keep = lower ? h.blocks(lo, mid) : h.blocks(mid, hi);
+          const std::vector<int> give = lower ? h.blocks(mid, hi) : h.blocks(lo, mid);
+          std::vector<Step> sends, recvs;
+          for (int b : give) sends.push_back(send(partner, cur(b)));
+          for (int b : keep) {
+            const bool fin = mask == 1;
+            recvs.push_back(recv_reduce(partner, cur(b), fin && b == r ? out(ch) : sb(b), fin));
+          }
+          interleave(st, sends, recvs);
+          for (int b : keep) in_scr[b] = true;
+          if (lower) hi = mid; else lo = mid;
+        }
+        if (e >= 0) st.push_back(send(e, sb(e)));
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+Program rhd_allgather(const ProgramParams& p) {
+  Program prog = new_program(Coll::AllGather, "rhd", p);
+  const int n = p.nranks, nch = p.nchannels;
+  const Rhd h(n);
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {1, nch};
+    rp.output = {n, nch};
+    const int i = h.idx(r);
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto& st = lane.steps;
+      auto ob = [&](int b) { return out(b * nch + ch); };
+      if (i < 0) {
+        st.push_back(send(r + 1, in(ch)));
+        st.push_back(copy(in(ch), ob(r), false));
+        for (int b = 0; b < n; ++b)
+          if (b != r) st.push_back(recv(r + 1, ob(b)));
+      } else {
+        st.push_back(copy(in(ch), ob(r), false));
+        const int e = h.extra_of(i);
+        if (e >= 0) st.push_back(recv(e, ob(e)));
+        int lo = i, hi = i + 1;
+        for (int mask = 1; mask < h.P; mask *= 2) {
+          const int partner = h.rank_of(i ^ mask), size = hi - lo;
+          const int other_lo = (i & mask) == 0 ? hi : lo - size;
+          std::vector<Step> sends, recvs;
+          for (int b : h.blocks(lo, hi)) sends.push_back(send(partner, ob(b)));
+          for (int b : h.blocks(other_lo, other_lo + size)) recvs.push_back(recv(partner, ob(b)));
+          interleave(st, sends, recvs);
+          lo = std::min(lo, other_lo);
+          hi = lo + 2 * size;
+        }
+        if (e >= 0)
+          for (int b = 0; b < n; ++b)
+            if (b != e) st.push_back(send(e, ob(b)));
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+// ---- Bruck ----
+
+Program bruck_allgather(const ProgramParams& p) {
+  Program prog = new_program(Coll::AllGather, "bruck", p);
+  const int n = p.nranks, nch = p.nchannels;
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {1, nch};
+    rp.output = {n, nch};
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto ob = [&](int b) { return out(mod(b, n) * nch + ch); };
+      lane.steps.push_back(copy(in(ch), ob(r), false));
+      // After round k, rank r holds blocks r .. r + 2^(k+1) - 1: it sends what it has to r - D and receives the
+      // next D blocks from r + D.
+      for (int d = 1; d < n; d *= 2) {
+        const int cnt = std::min(d, n - d);
+        std::vector<Step> sends, recvs;
+        for (int k = 0; k < cnt; ++k) {
+          sends.push_back(send(mod(r - d, n), ob(r + k)));
+          recvs.push_back(recv(mod(r + d, n), ob(r + d + k)));
+        }
+        interleave(lane.steps, sends, recvs);
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+Program bruck_alltoall(const ProgramParams& p) {
+  Program prog = new_program(Coll::AllToAll, "bruck", p);
+  const int n = p.nranks, nch = p.nchannels;
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = rp.output = {n, nch};
+    if (n > 2) rp.scratch = {n, nch};
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto ib = [&](int b) { return in(mod(b, n) * nch + ch); };
+      auto ob = [&](int b) { return out(mod(b, n) * nch + ch); };
+      auto sb = [&](int slot) { return scr(slot * nch + ch); };
+      // Slot i of rank r holds a block bound for rank r + i; in round k every slot with bit k set moves 2^k
+      // ranks on, so the block from rank s for rank s + i arrives after the rounds of i's bits. A slot lives in
+      // scratch between its first and its last move.
+      lane.steps.push_back(copy(ib(r), ob(r), false));
+      for (int d = 1; d < n; d *= 2) {
+        std::vector<Step> st;
+        for (int i = 1; i < n; ++i) {
+          if ((i & d) == 0) continue;
+          const bool first = (i & (d - 1)) == 0, last = (i & ~(2 * d - 1)) == 0;
+          st.push_back(send(mod(r + d, n), first ? ib(r + i) : sb(i)));
+          st.push_back(recv(mod(r - d, n), last ? ob(r - i) : sb(i)));
+        }
+        lane.steps.insert(lane.steps.end(), st.begin(), st.end());
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+// ---- PAT-style ----
+
+Program pat_allgather(const ProgramParams& p) {
+  Program prog = new_program(Coll::AllGather, "pat", p);
+  const int n = p.nranks, nch = p.nchannels;
+  const int top = n > 1 ? static_cast<int>(std::bit_ceil(static_cast<unsigned>(n))) / 2 : 0;
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {1, nch};
+    rp.output = {n, nch};
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto ob = [&](int b) { return out(mod(b, n) * nch + ch); };
+      lane.steps.push_back(copy(in(ch), ob(r), false));
+      // Rank r holds the blocks at offsets `held` behind it; at distance d it passes each on to r + d (while the
+      // offset stays below n) and receives the same offsets from r - d. Distances halve: n/2, n/4, ..., 1.
+      std::vector<int> held = {0};
+      for (int d = top; d >= 1; d /= 2) {
+        std::vector<Step> sends, recvs;
+        std::vector<int> got;
+        for (int o : held) {
+          if (o + d >= n) continue;
+          sends.push_back(send(mod(r + d, n), ob(r - o)));
+          recvs.push_back(recv(mod(r - d, n), ob(r - o - d)));
+          got.push_back(o + d);
+        }
+        interleave(lane.steps, sends, recvs);
+        held.insert(held.end(), got.begin(), got.end());
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+Program pat_reduce_scatter(const ProgramParams& p) {
+  Program prog = new_program(Coll::ReduceScatter, "pat", p);
+  const int n = p.nranks, nch = p.nchannels;
+  for (int r = 0; r < n; ++r) {
+    RankProgram& rp = prog.ranks[r];
+    rp.input = {n, nch};
+    rp.output = {1, nch};
+    if (n > 2) rp.scratch = {1, nch};
+    for (int ch = 0; ch < nch; ++ch) {
+      Lane lane{ch, {}};
+      auto& st = lane.steps;
+      auto ib = [&](int b) { return in(mod(b, n) * nch + ch); };
+      if (n == 1) {
+        st.push_back(copy(ib(0), out(ch), true));
+        rp.lanes.push_back(std::move(lane));
+        continue;
+      }
+      // Block b's partial sums flow up a binomial tree rooted at rank b: the rank at offset o = r - b has the
+      // children at offsets o + 2^j for 2^j below o's lowest set bit and the parent at o - lowbit(o). Offsets are
+      // processed from n-1 down to 0 on every rank, so children always finish a block before their parent needs
+      // it and a rank accumulates one block at a time.
+      for (int o = n - 1; o >= 0; --o) {
+        const int b = r - o, low = o == 0 ? n : (o & -o);
+        std::vector<int> kids;
+        for (int d = 1; d < low && o + d < n; d *= 2) kids.push_back(mod(r + d, n));
+        const int parent = o == 0 ? -1 : mod(r - low, n);
+        ChunkRef src = ib(b);
+        const ChunkRef acc = o == 0 ? out(ch) : scr(ch);
+        if (kids.empty()) {
+          st.push_back(send(parent, src));  // o > 0 here: the root (o == 0) has children when n > 1
+          continue;
+        }
+        for (size_t k = 0; k < kids.size(); ++k) {
+          const bool last = k + 1 == kids.size();
+          if (last && parent >= 0) {
+            st.push_back(Step{OpCode::RecvReduceSend, kids[k], parent, src, {}, false});
+          } else {
+            st.push_back(recv_reduce(kids[k], src, acc, last));
+            src = acc;
+          }
+        }
+      }
+      rp.lanes.push_back(std::move(lane));
+    }
+  }
+  return prog;
+}
+
+}  // namespace chorus::algo
