@@ -27,8 +27,7 @@ class Builder {
   }
 
   void add(int rank, int lane, const Key& key, const Step& step) {
-    items_.at(static_cast<size_t>(rank) * lane_channel_.size() + static_cast<size_t>(lane))
-        .push_back({key, step});
+    items_.at(static_cast<size_t>(rank) * lane_channel_.size() + static_cast<size_t>(lane)).push_back({key, step});
   }
 
   // Chain reduction along `path`: path[0] sends its `src`, every middle rank adds its own and forwards, the last

@@ -93,7 +93,8 @@ Program hier_allreduce(const ProgramParams& prm) {
         for (int s = 0; s < H; ++s) {
           const int c = chunk(p, s);
           // Inside the host: reduce towards the owner (the last of the ring), later pass the result around.
-          b.chain_reduce(ch, Key{0, rd, s, 0, 0}, hs.ring(h, o + 1, m), [&](int) { return in(c); }, out(c), H == 1);
+          b.chain_reduce(
+              ch, Key{0, rd, s, 0, 0}, hs.ring(h, o + 1, m), [&](int) { return in(c); }, out(c), H == 1);
           b.chain_bcast(ch, Key{2, rd, s, 0, 0}, hs.ring(h, o, m), out(c), [&](int) { return out(c); });
         }
       }
@@ -109,7 +110,8 @@ Program hier_allreduce(const ProgramParams& prm) {
           rs_path.push_back(owners[(s + 1 + i) % H]);
           ag_path.push_back(owners[(s + i) % H]);
         }
-        b.chain_reduce(ch, Key{1, p, 0, 0, 0}, rs_path, [&](int) { return out(c); }, out(c), true);
+        b.chain_reduce(
+            ch, Key{1, p, 0, 0, 0}, rs_path, [&](int) { return out(c); }, out(c), true);
         b.chain_bcast(ch, Key{1, p, 1, 0, 0}, ag_path, out(c), [&](int) { return out(c); });
       }
     }
@@ -130,7 +132,8 @@ Program hier_allgather(const ProgramParams& prm) {
   for (int ch = 0; ch < nch; ++ch) {
     auto oc = [&](int blk, int p) { return out(blk * nch * P + ch * P + p); };
     for (int r = 0; r < n; ++r)
-      for (int p = 0; p < P; ++p) b.add(r, ch, Key{0, 0, 0, 0, -1}, Step{OpCode::Copy, -1, -1, in(ch * P + p), oc(r, p)});
+      for (int p = 0; p < P; ++p)
+        b.add(r, ch, Key{0, 0, 0, 0, -1}, Step{OpCode::Copy, -1, -1, in(ch * P + p), oc(r, p)});
     // Inside each host: ring all-gather of the host's own blocks.
     for (int h = 0; h < H; ++h) {
       const int m = hs.m(h);
@@ -194,8 +197,9 @@ Program hier_reduce_scatter(const ProgramParams& prm) {
       for (int p = 0; p < P; ++p) {
         const int o = p % m;
         for (int blk = 0; blk < n; ++blk)
-          b.chain_reduce(ch, Key{0, hs.round(h, p), blk, 0, 0}, hs.ring(h, o + 1, m),
-                         [&](int) { return ic(blk, p); }, sc(blk, p), false);
+          b.chain_reduce(
+              ch, Key{0, hs.round(h, p), blk, 0, 0}, hs.ring(h, o + 1, m), [&](int) { return ic(blk, p); }, sc(blk, p),
+              false);
       }
     }
     // Across hosts: block blk's part p travels the owners' ring and ends, complete, at its host's owner; then
@@ -207,7 +211,8 @@ Program hier_reduce_scatter(const ProgramParams& prm) {
         for (int i = 1; i <= H; ++i) path.push_back(hs.owner((hb + i) % H, p));
         const int last = path.back();
         const ChunkRef dst = last == blk ? oc(p) : sc(blk, p);
-        b.chain_reduce(ch, Key{1, p, j, 0, 0}, path, [&](int) { return sc(blk, p); }, dst, true);
+        b.chain_reduce(
+            ch, Key{1, p, j, 0, 0}, path, [&](int) { return sc(blk, p); }, dst, true);
         if (last != blk) {
           b.add(last, ch, Key{2, p, j, 0, 0}, Step{OpCode::Send, -1, blk, sc(blk, p), {}, false});
           b.add(blk, ch, Key{2, p, j, 0, 0}, Step{OpCode::Recv, last, -1, {}, oc(p), false});

@@ -296,7 +296,10 @@ Program rhd_reduce_scatter(const ProgramParams& p) {
           }
           interleave(st, sends, recvs);
           for (int b : keep) in_scr[b] = true;
-          if (lower) hi = mid; else lo = mid;
+          if (lower)
+            hi = mid;
+          else
+            lo = mid;
         }
         if (e >= 0) st.push_back(send(e, sb(e)));
       }

@@ -62,4 +62,22 @@ std::string to_string(const RankProgram& p) {
   return os.str();
 }
 
+BlockShape call_blocks(Coll coll, BufKind buf, size_t count, int nranks, const RankProgram& program) {
+  if (buf == BufKind::Scratch) return {program.scratch.nblocks, count};
+  const bool input = buf == BufKind::Input;
+  switch (coll) {
+    case Coll::AllReduce:
+    case Coll::Barrier:
+    case Coll::Broadcast:
+    case Coll::Reduce: return {1, count};
+    case Coll::AllGather: return {input ? 1 : nranks, count};
+    case Coll::ReduceScatter: return {input ? nranks : 1, count};
+    case Coll::AllToAll:
+    case Coll::AllToAllv: return {nranks, count};
+    case Coll::SendRecv:
+    case Coll::Count: break;
+  }
+  return {0, 0};
+}
+
 }  // namespace chorus::algo

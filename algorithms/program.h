@@ -108,4 +108,17 @@ struct Program {
 // Human-readable listing of one rank's program (for chorus-plan, tests and error messages).
 std::string to_string(const RankProgram& p);
 
+// The blocks the API fixes for one buffer of a collective call: `nblocks` blocks of `block_elems` elements each.
+// `count` is the API's count argument (elements per rank block: all-gather's input, reduce-scatter's output,
+// all-to-all's per-peer block). Input and output: all-reduce, broadcast, reduce, barrier: 1 block; all-gather:
+// 1 in, nranks out; reduce-scatter: nranks in, 1 out; all-to-all: nranks each. All-to-allv has explicit blocks
+// in a real call; here it is taken as uniform (`count` per peer), the view the simulator and selector use.
+// Scratch: `program.scratch.nblocks` blocks the size of one output block (`count`). Send/receive has no uniform
+// shape: returns {0, 0}. The communicator (run_call) and the simulator both map chunks to bytes through this.
+struct BlockShape {
+  int nblocks = 0;
+  size_t block_elems = 0;
+};
+BlockShape call_blocks(Coll coll, BufKind buf, size_t count, int nranks, const RankProgram& program);
+
 }  // namespace chorus::algo

@@ -19,7 +19,8 @@ class AllGather final : public Collective {
     return {Expect::Copy, static_cast<int>(i / l.count), i % l.count};
   }
   void run(const OpArgs& a) const override {
-    check_chorus(chorusAllGather(a.send, a.recv, a.count, a.dtype, a.comm, nullptr), "chorusAllGather", a.comm, a.rank);
+    check_chorus(chorusAllGatherEx(a.send, a.recv, a.count, a.dtype, a.options, a.comm, nullptr), "chorusAllGather",
+                 a.comm, a.rank);
   }
 };
 

@@ -16,8 +16,8 @@ class AllReduce final : public Collective {
   double bus_factor(int n) const override { return 2.0 * (n - 1) / n; }
   Expect expect(const Layout&, int, int, int, size_t i) const override { return {Expect::Reduce, 0, i}; }
   void run(const OpArgs& a) const override {
-    check_chorus(chorusAllReduce(a.send, a.recv, a.count, a.dtype, a.redop, a.comm, nullptr), "chorusAllReduce", a.comm,
-                 a.rank);
+    check_chorus(chorusAllReduceEx(a.send, a.recv, a.count, a.dtype, a.redop, a.options, a.comm, nullptr),
+                 "chorusAllReduce", a.comm, a.rank);
   }
 };
 

@@ -17,7 +17,8 @@ class AllToAll final : public Collective {
     return {Expect::Copy, static_cast<int>(i / l.count), static_cast<size_t>(rank) * l.count + i % l.count};
   }
   void run(const OpArgs& a) const override {
-    check_chorus(chorusAllToAll(a.send, a.recv, a.count, a.dtype, a.comm, nullptr), "chorusAllToAll", a.comm, a.rank);
+    check_chorus(chorusAllToAllEx(a.send, a.recv, a.count, a.dtype, a.options, a.comm, nullptr), "chorusAllToAll",
+                 a.comm, a.rank);
   }
 };
 

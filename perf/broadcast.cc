@@ -15,8 +15,8 @@ class Broadcast final : public Collective {
   double bus_factor(int) const override { return 1.0; }
   Expect expect(const Layout&, int, int, int root, size_t i) const override { return {Expect::Copy, root, i}; }
   void run(const OpArgs& a) const override {
-    check_chorus(chorusBroadcast(a.send, a.recv, a.count, a.dtype, a.root, a.comm, nullptr), "chorusBroadcast", a.comm,
-                 a.rank);
+    check_chorus(chorusBroadcastEx(a.send, a.recv, a.count, a.dtype, a.root, a.options, a.comm, nullptr),
+                 "chorusBroadcast", a.comm, a.rank);
   }
 };
 

@@ -101,7 +101,7 @@ void check_chorus(chorusResult_t result, const char* call, chorusComm_t comm, in
 // Flags
 // ---------------------------------------------------------------------------------------------------------------
 
-const char* const kAllFlags = "beifnwcdorzatgJmpGCNTh";
+const char* const kAllFlags = "beifnwcdorzatgJmpGCNTAh";
 
 ToolInfo chorus_tool(const std::string& name) { return ToolInfo{name, kAllFlags, all_dtypes(), all_ops()}; }
 
@@ -136,6 +136,7 @@ const FlagSpec kFlags[] = {
     {'C', "report_cputime", true, "0/1; the same as wall time here since host calls block"},
     {'N', "run_cycles", true, "repeat the whole sweep this many times (default 1)"},
     {'T', "timeout", true, "seconds before a stuck operation fails (sets CHORUS_TIMEOUT_MS; 0: library default)"},
+    {'A', "algorithm", true, "algorithm for every call, by name as chorus-info lists them (default: the selector)"},
     {'h', "help", false, "print this help"},
 };
 
@@ -305,6 +306,10 @@ int parse_options(int argc, char** argv, const ToolInfo& tool, Options* out, boo
         case 'C': o.report_cputime = parse_int(optarg, 0, 1) != 0; break;
         case 'N': o.cycles = parse_int(optarg, 1, 1 << 20); break;
         case 'T': o.timeout_s = parse_int(optarg, 0, 1 << 20); break;
+        case 'A':
+          if (*optarg == '\0') throw BadValue{"expected an algorithm name"};
+          o.algorithm = optarg;
+          break;
         case 'h': print_usage(stdout, tool); return kExitOk;
         default: return fail("unknown flag");
       }
@@ -767,6 +772,7 @@ struct SweepState {
   Backend& b;
   std::byte* send = nullptr;
   std::byte* recv = nullptr;
+  chorusCollOptions_t options = CHORUS_COLL_OPTIONS_INIT;  // the algorithm (-A) of every call
 };
 
 // The pointers of one operation: separate buffers, or one buffer holding both when in place.
@@ -777,6 +783,7 @@ OpArgs make_args(const SweepState& s, const Layout& l, size_t ts, bool inplace) 
   a.rank = s.b.rank();
   a.nranks = s.b.nranks();
   a.comm = s.b.comm();
+  a.options = &s.options;
   if (!inplace) {
     a.send = s.send;
     a.recv = s.recv;
@@ -827,6 +834,7 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
 
 void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std::vector<RankInfo>& infos) {
   std::printf("# %s: %s\n", tool.name.c_str(), b.describe().c_str());
+  std::printf("# algorithm: %s\n", o.algorithm.empty() ? "chosen by the selector" : o.algorithm.c_str());
   std::printf("# minBytes %zu maxBytes %zu step: ", o.min_bytes, o.max_bytes);
   if (o.step_factor > 1)
     std::printf("%d(factor)", o.step_factor);
@@ -898,6 +906,7 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
     }
     Buffer send = make_buffer(send_bytes), recv = make_buffer(recv_bytes);
     SweepState s{opts, coll, b, send.get(), recv.get()};
+    if (!opts.algorithm.empty()) s.options.algorithm = opts.algorithm.c_str();
 
     std::vector<int> roots;
     if (!coll.rooted())

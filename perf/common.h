@@ -52,6 +52,7 @@ struct Options {
   int timeout_s = 0;  // 0: the library's default (CHORUS_TIMEOUT_MS)
   bool report_cputime = false;
   std::string json_path;
+  std::string algorithm;  // -A: forced for every call; empty: the selector chooses
 };
 
 // What one tool accepts: the flags it understands (short letters), and the dtypes and ops "all" expands to.
@@ -101,7 +102,8 @@ struct OpArgs {
   int root = -1;
   int rank = 0;
   int nranks = 1;
-  chorusComm_t comm = nullptr;  // null outside the Chorus backend
+  chorusComm_t comm = nullptr;                   // null outside the Chorus backend
+  const chorusCollOptions_t* options = nullptr;  // per-call options (the -A algorithm)
 };
 
 // A failed call: the message names the rank, the call and the library's error text.

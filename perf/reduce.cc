@@ -18,8 +18,8 @@ class Reduce final : public Collective {
     return rank == root ? Expect{Expect::Reduce, 0, i} : Expect{Expect::Skip, 0, 0};
   }
   void run(const OpArgs& a) const override {
-    check_chorus(chorusReduce(a.send, a.recv, a.count, a.dtype, a.redop, a.root, a.comm, nullptr), "chorusReduce",
-                 a.comm, a.rank);
+    check_chorus(chorusReduceEx(a.send, a.recv, a.count, a.dtype, a.redop, a.root, a.options, a.comm, nullptr),
+                 "chorusReduce", a.comm, a.rank);
   }
 };
 

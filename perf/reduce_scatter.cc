@@ -20,8 +20,8 @@ class ReduceScatter final : public Collective {
     return {Expect::Reduce, 0, static_cast<size_t>(rank) * l.count + i};
   }
   void run(const OpArgs& a) const override {
-    check_chorus(chorusReduceScatter(a.send, a.recv, a.count, a.dtype, a.redop, a.comm, nullptr), "chorusReduceScatter",
-                 a.comm, a.rank);
+    check_chorus(chorusReduceScatterEx(a.send, a.recv, a.count, a.dtype, a.redop, a.options, a.comm, nullptr),
+                 "chorusReduceScatter", a.comm, a.rank);
   }
 };
 

@@ -8,7 +8,8 @@ packages=(
   libssl-dev            # HMAC for bootstrap and transport authentication
   libgtest-dev          # unit and multi-process tests
   libbenchmark-dev      # microbenchmarks
-  nlohmann-json3-dev    # perf tools' JSON output
+  nlohmann-json3-dev    # perf tools' JSON output, topology files
+  libhwloc-dev          # topology discovery: NUMA nodes, cores, GPUs and NICs (src/topology/discover.cc)
   openmpi-bin libopenmpi-dev  # perf/compare baseline
   iproute2              # emulated hosts (network namespaces)
 )

@@ -1,7 +1,10 @@
 // chorus-info: what this build of Chorus has: version, every CHORUS_* variable (name, type, default, current
 // value, doc) from the config registry, the transports in priority order, and the algorithm table.
+// `chorus-info --topology [--json] [-n N]`: the topology instead (this host discovered with hwloc, or
+// CHORUS_TOPO_FILE), with CHORUS_TUNE_FILE applied.
 #include <chorus/chorus.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,13 +12,71 @@
 
 #include "algorithms/algorithms.h"
 #include "core/config.h"
+#include "core/error.h"
+#include "topology/topology.h"
 #include "transports/transport.h"
 
-int main(int argc, char** argv) {
-  if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
-    std::printf("usage: chorus-info\nPrints the version, configuration variables, transports and algorithms.\n");
+namespace {
+
+const char* const kUsage =
+    "usage: chorus-info [--topology [--json] [-n N]]\n"
+    "  (no option)  the version, configuration variables, transports and algorithms\n"
+    "  --topology   the topology: CHORUS_TOPO_FILE when set, else this host as hwloc sees it, with N ranks\n"
+    "               (-n; default one per GPU, or 1); link costs from CHORUS_TUNE_FILE when set\n"
+    "  --json       print the topology as a topology file (docs/topology.md) instead of a summary\n";
+
+int print_topology(bool json, int nranks) {
+  try {
+    using namespace chorus;
+    topo::Topology t;
+    if (param_is_set(Param::TopoFile)) {
+      t = topo::load_file(param_str(Param::TopoFile));
+    } else {
+      topo::Host host = topo::discover_host();
+      const int n = nranks > 0 ? nranks : std::max<int>(1, static_cast<int>(host.gpus.size()));
+      t = topo::place_ranks({host}, {n});
+    }
+    if (param_is_set(Param::TuneFile)) topo::apply_tune_file(t, param_str(Param::TuneFile));
+    std::fputs(json ? topo::to_json(t).c_str() : topo::describe(t).c_str(), stdout);
     return 0;
+  } catch (const chorus::Error& e) {
+    std::fprintf(stderr, "chorus-info: %s\n", e.what());
+    return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool topology = false, json = false;
+  int nranks = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--topology") {
+      topology = true;
+    } else if (a == "--json") {
+      json = true;
+    } else if (a == "-n" && i + 1 < argc) {
+      char* end = nullptr;
+      const long v = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || v < 1 || v > 1 << 20) {
+        std::fprintf(stderr, "chorus-info: -n '%s' is not a rank count (1..1048576)\n%s", argv[i], kUsage);
+        return 2;
+      }
+      nranks = static_cast<int>(v);
+    } else {
+      std::fprintf(stderr, "chorus-info: unknown argument '%s'\n%s", argv[i], kUsage);
+      return 2;
+    }
+  }
+  if ((json || nranks > 0) && !topology) {
+    std::fprintf(stderr, "chorus-info: --json and -n go with --topology\n%s", kUsage);
+    return 2;
+  }
+  if (topology) return print_topology(json, nranks);
   int version = 0;
   chorusGetVersion(&version);
   std::printf("Chorus %d.%d.%d\n\n", version / 10000, version / 100 % 100, version % 100);

@@ -3,9 +3,14 @@
 // they print with their rank, and when any rank fails (non-zero exit or a signal) stops the others and exits
 // non-zero. Exit code: 0 if every rank exited 0; else the first failing rank's exit code (128 + signal for a
 // signal); 2 for bad usage.
+//
+// With `--hosts H` (or a list of per-host rank counts) the ranks are placed, in blocks, into the network namespaces
+// that scripts/netns-hosts.sh creates (emulated hosts; docs/emulated-hosts.md): each child enters its host's
+// namespace with setns() before exec, and the rendezvous listens on host 0's bridge address so every host reaches it.
 #include <fcntl.h>
 #include <getopt.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,6 +29,8 @@
 #include "bootstrap/unique_id.h"
 
 namespace {
+
+constexpr const char* kNetnsDir = "/var/run/netns";
 
 struct Rank {
   pid_t pid = -1;
@@ -36,12 +44,65 @@ volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
 
 void usage(FILE* f) {
-  std::fprintf(f,
-               "usage: chorusrun -n N [--timeout SECONDS] [--] prog [args...]\n"
-               "  -n, --nranks N       ranks to start on this host (1..1024)\n"
-               "      --timeout SEC    stop every rank after SEC seconds (default: no limit)\n"
-               "  -h, --help           this text\n"
-               "Each rank gets CHORUS_RANK, CHORUS_NRANKS, CHORUS_LOCAL_RANK, CHORUS_ROOT_ADDR and CHORUS_SECRET.\n");
+  std::fprintf(
+      f,
+      "usage: chorusrun -n N [--hosts H|N0,N1,...] [--netns-prefix P] [--timeout SECONDS] [--] prog [args...]\n"
+      "  -n, --nranks N       ranks to start on this host (1..1024)\n"
+      "      --hosts H        place the ranks on H emulated hosts, the network namespaces P-h0..P-h(H-1)\n"
+      "                       of scripts/netns-hosts.sh (root only), in blocks: rank r on host r / (N/H)\n"
+      "                       (when H does not divide N, the first N %% H hosts get one rank more)\n"
+      "      --hosts N0,N1,.. N0 ranks on host 0, N1 on host 1, ... (-n may then be left out)\n"
+      "      --netns-hosts    the same as --hosts\n"
+      "      --netns-prefix P namespace prefix (default: chorus)\n"
+      "      --timeout SEC    stop every rank after SEC seconds (default: no limit)\n"
+      "  -h, --help           this text\n"
+      "Each rank gets CHORUS_RANK, CHORUS_NRANKS, CHORUS_LOCAL_RANK (its index on its host), CHORUS_ROOT_ADDR\n"
+      "and CHORUS_SECRET.\n");
+}
+
+// Rank counts per emulated host from --hosts: "H" (split N in blocks) or "N0,N1,..." (explicit). Returns false
+// with *why set on bad input. `n` is 0 when -n was not given.
+bool parse_hosts(const std::string& spec, int n, std::vector<int>* per_host, std::string* why) {
+  std::vector<long> values;
+  size_t pos = 0;
+  while (true) {
+    size_t comma = spec.find(',', pos);
+    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    long v = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1 || v > 1024) {
+      *why = "'" + item + "' is not a count between 1 and 1024";
+      return false;
+    }
+    values.push_back(v);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  per_host->clear();
+  if (values.size() == 1) {
+    const int h = static_cast<int>(values[0]);
+    if (n == 0) {
+      *why = "with a host count, -n N is required (or give ranks per host, e.g. --hosts 2,2)";
+      return false;
+    }
+    if (h > n) {
+      *why = std::to_string(h) + " hosts for " + std::to_string(n) + " ranks: every host needs at least one rank";
+      return false;
+    }
+    for (int i = 0; i < h; ++i) per_host->push_back(n / h + (i < n % h ? 1 : 0));
+    return true;
+  }
+  long total = 0;
+  for (long v : values) {
+    total += v;
+    per_host->push_back(static_cast<int>(v));
+  }
+  if (total > 1024 || (n != 0 && total != n)) {
+    *why = "the per-host counts add up to " + std::to_string(total) +
+           (n != 0 ? " but -n is " + std::to_string(n) : std::string(", more than 1024 ranks"));
+    return false;
+  }
+  return true;
 }
 
 // A free loopback port for rank 0's rendezvous service, chosen below the kernel's ephemeral range: a port from that
@@ -79,13 +140,56 @@ void flush_lines(int rank, Rank& r, bool final) {
   std::fflush(stdout);
 }
 
+// The rendezvous address for ranks spread over namespaces: host 0's own address (the first non-loopback IPv4
+// interface, or CHORUS_SOCKET_IFNAME's) and a port free there. Runs inside host 0's namespace and returns to this
+// process's own namespace before returning. Throws with a message for the user.
+std::string netns_root_addr(int host0_fd, const std::string& host0_name, bool need_bridge) {
+  int self_fd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+  if (self_fd < 0) throw std::runtime_error(std::string("cannot open /proc/self/ns/net: ") + std::strerror(errno));
+  if (setns(host0_fd, CLONE_NEWNET) != 0) {
+    const int err = errno;
+    close(self_fd);
+    if (err == EPERM)
+      throw std::runtime_error("--hosts needs root: entering network namespace " + host0_name +
+                               " (setns) requires CAP_SYS_ADMIN; run chorusrun as root");
+    throw std::runtime_error("cannot enter network namespace " + host0_name + ": " + std::strerror(err));
+  }
+  std::string addr, error;
+  try {
+    sockaddr_storage a = chorus::default_address();
+    const char* ifname = std::getenv("CHORUS_SOCKET_IFNAME");
+    if (need_bridge && chorus::sockaddr_is_loopback(a))
+      error = ifname != nullptr && *ifname != '\0'
+                  ? "CHORUS_SOCKET_IFNAME=" + std::string(ifname) + " is a loopback address in network namespace " +
+                        host0_name + ", which other hosts cannot reach; unset it (or name eth0)"
+                  : "network namespace " + host0_name +
+                        " has no interface with an IPv4 address besides loopback, so other hosts cannot reach its "
+                        "rendezvous; run scripts/netns-hosts.sh up H again";
+    chorus::set_sockaddr_port(a, free_port());
+    addr = chorus::sockaddr_to_string(a);
+  } catch (const std::exception& e) {
+    error = std::string("in network namespace ") + host0_name + ": " + e.what();
+  }
+  const bool back = setns(self_fd, CLONE_NEWNET) == 0;
+  const int err = errno;
+  close(self_fd);
+  if (!back)
+    throw std::runtime_error(std::string("cannot return to the launcher's network namespace: ") + std::strerror(err));
+  if (!error.empty()) throw std::runtime_error(error);
+  return addr;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int n = 0;
   double timeout_s = 0;
+  std::string hosts_spec, netns_prefix = "chorus";
   static option longopts[] = {{"nranks", required_argument, nullptr, 'n'},
                               {"timeout", required_argument, nullptr, 't'},
+                              {"hosts", required_argument, nullptr, 'H'},
+                              {"netns-hosts", required_argument, nullptr, 'H'},
+                              {"netns-prefix", required_argument, nullptr, 'P'},
                               {"help", no_argument, nullptr, 'h'},
                               {nullptr, 0, nullptr, 0}};
   int c;
@@ -111,19 +215,71 @@ int main(int argc, char** argv) {
         }
         break;
       }
+      case 'H': hosts_spec = optarg; break;
+      case 'P':
+        netns_prefix = optarg;
+        if (netns_prefix.empty() || netns_prefix.find('/') != std::string::npos) {
+          std::fprintf(stderr, "chorusrun: --netns-prefix '%s': expected a namespace name prefix\n", optarg);
+          return 2;
+        }
+        break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
+  }
+  // Rank counts per emulated host; empty without --hosts (every rank stays in this namespace).
+  std::vector<int> per_host;
+  if (!hosts_spec.empty()) {
+    std::string why;
+    if (!parse_hosts(hosts_spec, n, &per_host, &why)) {
+      std::fprintf(stderr, "chorusrun: --hosts %s: %s\n", hosts_spec.c_str(), why.c_str());
+      return 2;
+    }
+    if (n == 0)
+      for (int count : per_host) n += count;
   }
   if (n == 0 || optind >= argc) {
     std::fprintf(stderr, "chorusrun: %s\n", n == 0 ? "-n N is required" : "no program given");
     usage(stderr);
     return 2;
   }
+  // Host of every rank and its index on that host (blocks of consecutive ranks).
+  std::vector<int> host_of(n, 0), local_rank(n);
+  for (int r = 0, h = 0, i = 0; r < n; ++r) {
+    if (!per_host.empty() && i == per_host[h]) {
+      ++h;
+      i = 0;
+    }
+    host_of[r] = h;
+    local_rank[r] = i++;
+  }
+
+  // Every namespace is opened (and host 0's entered) before any rank starts, so a missing one is one clear error.
+  std::vector<int> netns_fds;
+  std::vector<std::string> netns_names;
+  for (size_t h = 0; h < per_host.size(); ++h) {
+    netns_names.push_back(netns_prefix + "-h" + std::to_string(h));
+    const std::string path = std::string(kNetnsDir) + "/" + netns_names.back();
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      std::string up = "scripts/netns-hosts.sh up " + std::to_string(per_host.size());
+      if (netns_prefix != "chorus") up += " --prefix " + netns_prefix;
+      if (err == ENOENT)
+        std::fprintf(stderr, "chorusrun: network namespace %s does not exist (%s): run %s first\n",
+                     netns_names.back().c_str(), path.c_str(), up.c_str());
+      else
+        std::fprintf(stderr, "chorusrun: cannot open network namespace %s: %s%s\n", path.c_str(), std::strerror(err),
+                     err == EACCES || err == EPERM ? " (--hosts needs root)" : "");
+      return 1;
+    }
+    netns_fds.push_back(fd);
+  }
 
   std::string root_addr, secret;
   try {
-    root_addr = "127.0.0.1:" + std::to_string(free_port());
+    root_addr = netns_fds.empty() ? "127.0.0.1:" + std::to_string(free_port())
+                                  : netns_root_addr(netns_fds[0], netns_names[0], netns_fds.size() > 1);
     secret = chorus::secret_to_hex(chorus::random_secret());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorusrun: %s\n", e.what());
@@ -154,9 +310,14 @@ int main(int argc, char** argv) {
       dup2(fds[1], STDERR_FILENO);
       setenv("CHORUS_RANK", std::to_string(r).c_str(), 1);
       setenv("CHORUS_NRANKS", std::to_string(n).c_str(), 1);
-      setenv("CHORUS_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("CHORUS_LOCAL_RANK", std::to_string(local_rank[r]).c_str(), 1);
       setenv("CHORUS_ROOT_ADDR", root_addr.c_str(), 1);
       setenv("CHORUS_SECRET", secret.c_str(), 1);
+      if (!netns_fds.empty() && setns(netns_fds[host_of[r]], CLONE_NEWNET) != 0) {
+        std::fprintf(stderr, "chorusrun: rank %d cannot enter network namespace %s: %s\n", r,
+                     netns_names[host_of[r]].c_str(), std::strerror(errno));
+        _exit(127);
+      }
       execvp(argv[optind], argv + optind);
       std::fprintf(stderr, "chorusrun: cannot run %s: %s\n", argv[optind], std::strerror(errno));
       _exit(127);

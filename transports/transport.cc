@@ -1,14 +1,13 @@
 #include "transports/transport.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 #include <random>
 
 #include "core/error.h"
+#include "topology/topology.h"
 #include "transports/transports.h"
 
 namespace chorus {
@@ -58,13 +57,6 @@ class Reader {
   size_t pos_ = 0;
 };
 
-std::string read_first_line(const char* path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
-}
-
 }  // namespace
 
 std::vector<std::byte> PeerInfo::serialize() const {
@@ -97,12 +89,7 @@ PeerInfo local_peer_info(int rank) {
   }();
   PeerInfo p;
   p.rank = rank;
-  // Host identity must not come from the hostname alone: emulated hosts (network namespaces) share it.
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  struct stat st {};
-  uint64_t netns = stat("/proc/self/ns/net", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
-  p.host_id = cat(host, "/", read_first_line("/proc/sys/kernel/random/boot_id"), "/netns:", netns);
+  p.host_id = topo::host_identity();
   p.process_token = token;
   p.pid = static_cast<int>(getpid());
   return p;

@@ -37,8 +37,9 @@ struct WireHeader {
   uint8_t op = 0;
   uint8_t flags = 0;  // kLastSlice on the last message of a step
   int32_t root = 0;
-  uint32_t magic = kMagic;
-  static constexpr uint32_t kMagic = 0x43485253;  // "CHRS"
+  uint16_t algo = 0;  // id of the algorithm (algorithm_table()) the sender runs: ranks must run the same program
+  uint16_t magic = kMagic;
+  static constexpr uint16_t kMagic = 0x4348;  // "CH"
   // Marks a step's last message, so a receiver expecting more or fewer bytes in total than were sent notices even
   // when every message has the expected size.
   static constexpr uint8_t kLastSlice = 1;

@@ -162,6 +162,37 @@ chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t 
                                    chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                               chorusComm_t comm, chorusStream_t stream);
+/* Per-call options for the *Ex forms. Start from CHORUS_COLL_OPTIONS_INIT, so that fields added in later versions
+ * keep their defaults. `size` must be sizeof(chorusCollOptions_t) of the caller's header (at least the fields
+ * below); NULL options mean all defaults. */
+typedef struct {
+  size_t size;
+  /* Algorithm for this call, by name as `chorus-info` lists them for the collective ("ring", "tree", "rhd", "bruck",
+   * "pat", "hier", "oneshot", "pairwise"), or NULL to let the selector choose (CHORUS_ALGO, then the cost model).
+   * Every rank must pass the same name. An unknown name is chorusInvalidArgument listing the known ones. */
+  const char* algorithm;
+} chorusCollOptions_t;
+#define CHORUS_COLL_OPTIONS_INIT \
+  { sizeof(chorusCollOptions_t), NULL }
+
+/* The collectives above with per-call options (same arguments, same errors; plus chorusInvalidArgument for bad
+ * options). */
+chorusResult_t chorusAllReduceEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                 chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
+                                 chorusStream_t stream);
+chorusResult_t chorusBroadcastEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                 int root, const chorusCollOptions_t* options, chorusComm_t comm,
+                                 chorusStream_t stream);
+chorusResult_t chorusReduceEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                              chorusRedOp_t op, int root, const chorusCollOptions_t* options, chorusComm_t comm,
+                              chorusStream_t stream);
+chorusResult_t chorusAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                                 const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusReduceScatterEx(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                     chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
+                                     chorusStream_t stream);
+chorusResult_t chorusAllToAllEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream);
 /* Counts and displacements are in elements, one per rank. In place is not supported (returns
  * chorusInvalidArgument). */
 chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,

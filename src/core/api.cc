@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -285,8 +286,25 @@ chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm) {
   });
 }
 
-chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
-                               chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
+namespace {
+// Copies the caller's options into the call's arguments (validated with them).
+chorusResult_t collective_ex(chorusComm* comm, CollArgs a, const chorusCollOptions_t* options, chorusStream_t stream) {
+  if (options != nullptr) {
+    if (options->size < offsetof(chorusCollOptions_t, algorithm) + sizeof(options->algorithm))
+      return guarded(comm, [&] {
+        throw Error(
+            chorusInvalidArgument, Subsys::Core,
+            cat("options->size=", options->size, " is too small: initialise options with CHORUS_COLL_OPTIONS_INIT"));
+      });
+    if (options->algorithm != nullptr) a.algorithm = options->algorithm;
+  }
+  return collective(comm, std::move(a), stream);
+}
+}  // namespace
+
+chorusResult_t chorusAllReduceEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                 chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
+                                 chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::AllReduce;
   a.send = sendbuff;
@@ -294,11 +312,12 @@ chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t coun
   a.count = count;
   a.dtype = datatype;
   a.op = op;
-  return collective(comm, std::move(a), stream);
+  return collective_ex(comm, std::move(a), options, stream);
 }
 
-chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
-                               chorusComm_t comm, chorusStream_t stream) {
+chorusResult_t chorusBroadcastEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                 int root, const chorusCollOptions_t* options, chorusComm_t comm,
+                                 chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::Broadcast;
   a.send = sendbuff;
@@ -306,11 +325,12 @@ chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t coun
   a.count = count;
   a.dtype = datatype;
   a.root = root;
-  return collective(comm, std::move(a), stream);
+  return collective_ex(comm, std::move(a), options, stream);
 }
 
-chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
-                            chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream) {
+chorusResult_t chorusReduceEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                              chorusRedOp_t op, int root, const chorusCollOptions_t* options, chorusComm_t comm,
+                              chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::Reduce;
   a.send = sendbuff;
@@ -319,22 +339,23 @@ chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, 
   a.dtype = datatype;
   a.op = op;
   a.root = root;
-  return collective(comm, std::move(a), stream);
+  return collective_ex(comm, std::move(a), options, stream);
 }
 
-chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
-                               chorusComm_t comm, chorusStream_t stream) {
+chorusResult_t chorusAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                                 const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::AllGather;
   a.send = sendbuff;
   a.recv = recvbuff;
   a.count = sendcount;
   a.dtype = datatype;
-  return collective(comm, std::move(a), stream);
+  return collective_ex(comm, std::move(a), options, stream);
 }
 
-chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
-                                   chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
+chorusResult_t chorusReduceScatterEx(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                     chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
+                                     chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::ReduceScatter;
   a.send = sendbuff;
@@ -342,18 +363,43 @@ chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t 
   a.count = recvcount;
   a.dtype = datatype;
   a.op = op;
-  return collective(comm, std::move(a), stream);
+  return collective_ex(comm, std::move(a), options, stream);
 }
 
-chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
-                              chorusComm_t comm, chorusStream_t stream) {
+chorusResult_t chorusAllToAllEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
   a.coll = algo::Coll::AllToAll;
   a.send = sendbuff;
   a.recv = recvbuff;
   a.count = count;
   a.dtype = datatype;
-  return collective(comm, std::move(a), stream);
+  return collective_ex(comm, std::move(a), options, stream);
+}
+
+chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                               chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
+  return chorusAllReduceEx(sendbuff, recvbuff, count, datatype, op, nullptr, comm, stream);
+}
+chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
+                               chorusComm_t comm, chorusStream_t stream) {
+  return chorusBroadcastEx(sendbuff, recvbuff, count, datatype, root, nullptr, comm, stream);
+}
+chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                            chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream) {
+  return chorusReduceEx(sendbuff, recvbuff, count, datatype, op, root, nullptr, comm, stream);
+}
+chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusStream_t stream) {
+  return chorusAllGatherEx(sendbuff, recvbuff, sendcount, datatype, nullptr, comm, stream);
+}
+chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                   chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream) {
+  return chorusReduceScatterEx(sendbuff, recvbuff, recvcount, datatype, op, nullptr, comm, stream);
+}
+chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                              chorusComm_t comm, chorusStream_t stream) {
+  return chorusAllToAllEx(sendbuff, recvbuff, count, datatype, nullptr, comm, stream);
 }
 
 namespace {

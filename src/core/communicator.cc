@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "kernels/cpu/float_types.h"
 #include "kernels/cpu/reduce.h"
 #include "runtime/executor.h"
+#include "topology/topology.h"
 
 namespace chorus {
 
@@ -78,11 +80,11 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
   const int64_t nch = param_int(Param::NChannels);
   if (nch < 1 || nch > 32) bad_arg(cat("CHORUS_NCHANNELS=", nch, " must be between 1 and 32"));
   nchannels_ = static_cast<int>(nch);
-  oneshot_max_bytes_ = static_cast<size_t>(param_int(Param::OneShotMaxBytes));
   timeout_ms_ = param_int(Param::TimeoutMs);
   yield_us_ = static_cast<int>(param_int(Param::YieldUs));
   if (yield_us_ < 0 || yield_us_ > 10000000) bad_arg(cat("CHORUS_YIELD_US=", yield_us_, " must be between 0 and 1e7"));
   if (timeout_ms_ <= 0) bad_arg(cat("CHORUS_TIMEOUT_MS=", timeout_ms_, " must be positive"));
+  algo::AlgoOverrides overrides = algo::parse_algo_overrides(param_str(Param::Algo));
   // From the secret alone: every rank has the same secret, while the root address each rank resolved itself may
   // differ (a host name that resolves to 127.0.1.1 on its own host).
   comm_id_ = fnv1a(id.secret.data(), id.secret.size());
@@ -98,7 +100,8 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
   for (auto& t : transports_) t->describe(self);
   self.settings =
       cat("CHORUS_SLICE_BYTES=", slice_bytes_, " CHORUS_FIFO_DEPTH=", fifo_depth_, " CHORUS_NCHANNELS=", nchannels_,
-          " CHORUS_ONESHOT_MAX_BYTES=", oneshot_max_bytes_, " CHORUS_TRANSPORTS=", param_str(Param::Transports));
+          " CHORUS_TRANSPORTS=", param_str(Param::Transports), " CHORUS_ALGO=", param_str(Param::Algo),
+          " CHORUS_TOPO_FILE=", param_str(Param::TopoFile), " CHORUS_TUNE_FILE=", param_str(Param::TuneFile));
 
   bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_));
   for (const Blob& b : bootstrap_->peer_info()) peers_.push_back(PeerInfo::deserialize(b));
@@ -115,9 +118,50 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
   cpu_set_t cpus;
   int ncpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   oversubscribed_ = local_ranks > ncpus;
+  topo::Topology topology = make_topology();
+  if (rank == 0 && param_is_set(Param::TopoDumpFile)) topo::dump_file(topology, param_str(Param::TopoDumpFile));
+  selector_ = std::make_unique<algo::Selector>(std::move(topology), algo::SimOptions{slice_bytes_, fifo_depth_},
+                                               nchannels_, std::move(overrides));
   CHORUS_INFO(Core, "rank %d/%d: communicator %016llx ready (slice %zu bytes, fifo depth %d, %d channel(s)%s)", rank,
               nranks, static_cast<unsigned long long>(comm_id_), slice_bytes_, fifo_depth_, nchannels_,
               oversubscribed_ ? ", more ranks than cores: yielding" : "");
+}
+
+topo::Topology CommImpl::make_topology() const {
+  topo::Topology t;
+  if (param_is_set(Param::TopoFile)) {
+    const std::string path = param_str(Param::TopoFile);
+    t = topo::load_file(path);
+    if (t.nranks() != nranks_)
+      bad_arg(cat("CHORUS_TOPO_FILE=", path, " places ", t.nranks(), " ranks but the communicator has ", nranks_));
+  } else {
+    // Hosts in order of their first rank; processes of a host in order of their first rank.
+    std::map<std::string, int> host_index;
+    std::vector<std::map<uint64_t, int>> procs;
+    for (const PeerInfo& p : peers_) {
+      auto [it, added] = host_index.emplace(p.host_id, static_cast<int>(t.hosts.size()));
+      if (added) {
+        topo::Host h;
+        h.id = p.host_id;
+        // "hostname/boot id/netns:inode" -> "hostname (netns inode)" for people.
+        const size_t slash = p.host_id.find('/'), ns = p.host_id.rfind("netns:");
+        h.name = p.host_id.substr(0, slash);
+        if (ns != std::string::npos) h.name += cat(" (netns ", p.host_id.substr(ns + 6), ")");
+        t.hosts.push_back(h);
+        procs.emplace_back();
+      }
+      const int host = it->second;
+      topo::RankPlace place;
+      place.host = host;
+      place.local_rank = static_cast<int>(t.ranks_of_host(host).size());
+      place.process = procs[host].emplace(p.process_token, static_cast<int>(procs[host].size())).first->second;
+      t.ranks.push_back(place);
+    }
+  }
+  topo::apply_default_costs(t);
+  if (param_is_set(Param::TuneFile)) topo::apply_tune_file(t, param_str(Param::TuneFile));
+  t.validate();
+  return t;
 }
 
 CommImpl::~CommImpl() {
@@ -159,6 +203,9 @@ void CommImpl::validate(CollArgs& a) const {
   if (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) {
     if (a.root < 0 || a.root >= n) bad_arg(cat("root=", a.root, " is out of range [0, ", n, ")"));
   }
+  if (!a.algorithm.empty() && algo::find_algorithm(a.coll, a.algorithm) == nullptr)
+    bad_arg(cat("options->algorithm='", a.algorithm, "' is not an algorithm for ", algo::coll_name(a.coll),
+                " (known: ", algo::algorithm_names(a.coll), ")"));
   auto need = [&](const void* p, size_t bytes, const char* name) {
     if (p == nullptr && bytes > 0) bad_arg(cat(name, " is NULL with a non-zero count"));
   };
@@ -474,10 +521,10 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
 
 void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
   const Deadline deadline = Deadline::after_ms(timeout_ms_);
-  const int n = nranks_, nch = nchannels_;
+  const int n = nranks_;
   const size_t esz = a.coll == Coll::SendRecv ? 1 : dtype_size(a.coll == Coll::Barrier ? chorusUint8 : a.dtype);
 
-  const algo::Program* shared_prog = nullptr;  // owned by programs_
+  const algo::Program* shared_prog = nullptr;  // owned by the algorithm cache
   algo::RankProgram p2p_prog;
   const algo::RankProgram* prog = nullptr;
   Layout layout;
@@ -552,39 +599,23 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     prog = &p2p_prog;
     hdr.seq = uint64_t{1} << 63;  // p2p is not sequenced with collectives; sizes are still checked per message
   } else {
-    // Until the topology-aware selector exists: the ring, except one-shot for small all-reduces.
-    const algo::AlgorithmInfo* chosen = &algo::default_algorithm(a.coll);
-    if (a.coll == Coll::AllReduce && n > 1 && a.count * esz <= oneshot_max_bytes_)
-      chosen = algo::find_algorithm(Coll::AllReduce, "oneshot");
-    const algo::AlgorithmInfo& algo_info = *chosen;
-    auto& cached = programs_[{algo_info.id, a.root}];
-    if (!cached) cached = algo::get_program(algo_info, {n, a.root, nch});
-    shared_prog = cached.get();
+    std::shared_ptr<const algo::Choice> choice =
+        selector_->choose(a.coll, a.count, esz, a.root, a.algorithm.empty() ? nullptr : a.algorithm.c_str());
+    shared_prog = choice->program.get();
+    hdr.algo = static_cast<uint16_t>(choice->algorithm->id);
     prog = &shared_prog->ranks[rank_];
     hdr.seq = ++seq_;
     hdr.count = a.coll == Coll::AllToAllv ? 0 : a.count;
     hdr.dtype = static_cast<uint8_t>(a.dtype);
     hdr.op = static_cast<uint8_t>(is_reduction(a.coll) ? std::min<int>(a.op, chorusNumOps) : 0);
     hdr.root = (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) ? a.root : 0;
-    // The API fixes the blocks of each buffer; the program fixes how many parts each block is cut into.
+    // The API fixes the blocks of each buffer (algo::call_blocks, which the simulator maps chunks with too); the
+    // program fixes how many parts each block is cut into.
     void* send = const_cast<void*>(a.send);
     const int pin = prog->input.parts, pout = prog->output.parts;
+    const algo::BlockShape bin = algo::call_blocks(a.coll, BufKind::Input, a.count, n, *prog);
+    const algo::BlockShape bout = algo::call_blocks(a.coll, BufKind::Output, a.count, n, *prog);
     switch (a.coll) {
-      case Coll::AllReduce:
-      case Coll::Barrier:
-      case Coll::Broadcast:
-      case Coll::Reduce:
-        layout.set_uniform(BufKind::Input, send, 1, a.count, pin);
-        layout.set_uniform(BufKind::Output, a.recv, 1, a.count, pout);
-        break;
-      case Coll::AllGather:
-        layout.set_uniform(BufKind::Input, send, 1, a.count, pin);
-        layout.set_uniform(BufKind::Output, a.recv, n, a.count, pout);
-        break;
-      case Coll::ReduceScatter:
-        layout.set_uniform(BufKind::Input, send, n, a.count, pin);
-        layout.set_uniform(BufKind::Output, a.recv, 1, a.count, pout);
-        break;
       case Coll::AllToAll:
         if (send != nullptr && send == a.recv) {
           // In place: the pairwise exchange would overwrite blocks it has yet to send, so stage the input.
@@ -593,8 +624,15 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
           std::memcpy(staging_.data(), send, bytes);
           send = staging_.data();
         }
-        layout.set_uniform(BufKind::Input, send, n, a.count, pin);
-        layout.set_uniform(BufKind::Output, a.recv, n, a.count, pout);
+        [[fallthrough]];
+      case Coll::AllReduce:
+      case Coll::Barrier:
+      case Coll::Broadcast:
+      case Coll::Reduce:
+      case Coll::AllGather:
+      case Coll::ReduceScatter:
+        layout.set_uniform(BufKind::Input, send, bin.nblocks, bin.block_elems, pin);
+        layout.set_uniform(BufKind::Output, a.recv, bout.nblocks, bout.block_elems, pout);
         break;
       case Coll::AllToAllv: {
         std::vector<std::byte*> ip(n), op(n);
@@ -610,9 +648,10 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     }
     if (prog->scratch.nblocks > 0) {
       // Scratch blocks are the size of the output's; the buffer lives as long as the communicator.
-      size_t bytes = static_cast<size_t>(prog->scratch.nblocks) * a.count * esz;
+      const algo::BlockShape bs = algo::call_blocks(a.coll, BufKind::Scratch, a.count, n, *prog);
+      size_t bytes = static_cast<size_t>(bs.nblocks) * bs.block_elems * esz;
       if (scratch_.size() < bytes) scratch_.resize(bytes);
-      layout.set_uniform(BufKind::Scratch, scratch_.data(), prog->scratch.nblocks, a.count, prog->scratch.parts);
+      layout.set_uniform(BufKind::Scratch, scratch_.data(), bs.nblocks, bs.block_elems, prog->scratch.parts);
     }
   }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "algorithms/program.h"
+#include "algorithms/selector.h"
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/unique_id.h"
 #include "core/error.h"
@@ -46,6 +47,7 @@ struct CollArgs {
   int64_t premul_i = 1;
   std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // all-to-allv
   std::vector<P2POp> p2p;                                        // send/recv group
+  std::string algorithm;  // per-call choice (chorusCollOptions_t::algorithm); empty: the selector chooses
 };
 
 // Completion state of one operation (a chorusRequest_t points to one).
@@ -99,6 +101,9 @@ class CommImpl {
 
  private:
   void check_overlap(const CollArgs& a) const;
+  // The communicator's topology: CHORUS_TOPO_FILE when set, else hosts from the peers' host identities; link costs
+  // from the defaults, the file and CHORUS_TUNE_FILE. The same on every rank (built from all-gathered data).
+  topo::Topology make_topology() const;
   void run(const CollArgs& a);
   void run_call(const CollArgs& a, WireHeader& hdr);
   [[noreturn]] void fail_call(const Error& e, const WireHeader& hdr);
@@ -123,11 +128,11 @@ class CommImpl {
     std::vector<Connection*> all_conns;
   };
   std::map<const algo::RankProgram*, Wiring> wirings_;
-  std::map<std::pair<int, int>, std::shared_ptr<const algo::Program>> programs_;  // (algorithm id, root)
+  // Chooses every collective's algorithm from the topology (fixed at init: the same on every rank).
+  std::unique_ptr<algo::Selector> selector_;
   size_t slice_bytes_ = 0;
   int fifo_depth_ = 0;
   int nchannels_ = 1;
-  size_t oneshot_max_bytes_ = 0;
   bool oversubscribed_ = false;  // more ranks on this host than CPUs
   int yield_us_ = 1000;
   int64_t timeout_ms_ = 0;

@@ -29,12 +29,21 @@ constexpr ParamInfo kParams[] = {
     {Param::FifoDepth, "CHORUS_FIFO_DEPTH", "int", "4",
      "Slots per connection FIFO (messages in flight): a power of two from 2 to 64."},
     {Param::NChannels, "CHORUS_NCHANNELS", "int", "1", "Parallel channels per collective program."},
-    {Param::OneShotMaxBytes, "CHORUS_ONESHOT_MAX_BYTES", "size", "16K",
-     "All-reduce of at most this many bytes per rank uses the one-shot program (one hop, every rank sends its "
-     "input to every rank) instead of the ring; 0 disables it."},
     {Param::YieldUs, "CHORUS_YIELD_US", "int", "1000",
      "With more ranks than CPUs on a host, a waiting rank yields its CPU for up to this many microseconds before "
      "it sleeps on the connection it waits for (with a CPU each, it spins 20 us instead)."},
+    {Param::TopoFile, "CHORUS_TOPO_FILE", "string", "",
+     "Topology file (JSON, docs/topology.md) that stands in for the real machine: hosts, NUMA nodes, GPUs, NICs, "
+     "rank placement and link costs. Default: discover each host with hwloc."},
+    {Param::TopoDumpFile, "CHORUS_TOPO_DUMP_FILE", "string", "",
+     "Rank 0 writes the topology it found (discovered or loaded) to this file, in the CHORUS_TOPO_FILE format."},
+    {Param::TuneFile, "CHORUS_TUNE_FILE", "string", "",
+     "Link costs measured by chorus-tune (JSON: links, reduce_GBps, copy_GBps); they override the defaults and "
+     "the topology file's values."},
+    {Param::Algo, "CHORUS_ALGO", "string", "",
+     "Algorithm overrides per collective and size, e.g. 'allreduce:0-64K:tree,64K-:ring;allgather:bruck' (sizes "
+     "in bytes as the perf tools report them; ranges half-open). Default: the cost model chooses. Names: "
+     "chorus-info."},
     {Param::Rank, "CHORUS_RANK", "int", "", "This process's rank (overrides launcher variables)."},
     {Param::NRanks, "CHORUS_NRANKS", "int", "", "Number of ranks (overrides launcher variables)."},
     {Param::LocalRank, "CHORUS_LOCAL_RANK", "int", "", "Rank within this host (overrides launcher variables)."},

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "algorithms/algorithms.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -68,12 +69,16 @@ std::string describe_header(const WireHeader& h) {
   if (coll == algo::Coll::AllReduce || coll == algo::Coll::Reduce || coll == algo::Coll::ReduceScatter)
     s += cat(", ", op_name(static_cast<chorusRedOp_t>(h.op)));
   if (coll == algo::Coll::Broadcast || coll == algo::Coll::Reduce) s += cat(", root=", h.root);
+  if (coll != algo::Coll::SendRecv) {
+    const auto table = algo::algorithm_table();
+    s += cat(", algorithm=", h.algo < table.size() ? table[h.algo].name : "?");
+  }
   return s + cat(", seq=", h.seq & ~(uint64_t{1} << 63), ")");
 }
 
 bool same_call(const WireHeader& a, const WireHeader& b) {
   return a.comm_id == b.comm_id && a.seq == b.seq && a.coll == b.coll && a.dtype == b.dtype && a.op == b.op &&
-         a.root == b.root && a.count == b.count;
+         a.root == b.root && a.count == b.count && a.algo == b.algo;
 }
 
 namespace {

@@ -55,7 +55,7 @@ struct Gpu {
 
 struct Nic {
   std::string name;          // "eth0", "mlx5_0"
-  std::string kind;          // "ethernet", "infiniband", "roce", "virtual"
+  std::string kind;          // "ethernet", "infiniband", "roce", "virtual" (veth, bridge: no device), "other"
   double bandwidth_Bps = 0;  // one direction; 0 when unknown
   int numa = -1;
   bool operator==(const Nic&) const = default;
@@ -93,6 +93,9 @@ struct Topology {
 
   int nranks() const { return static_cast<int>(ranks.size()); }
   int nhosts() const { return static_cast<int>(hosts.size()); }
+  // Different hosts: Network. Same host: GpuPeer when both ranks have a GPU (even as threads of one process: the
+  // bytes cross NVLink/PCIe), else SameProcess for one process, else SameNuma when the NUMA nodes are equal or
+  // either is unknown (-1), else CrossNuma. a == b is SameProcess (or GpuPeer). Ranks must be in range.
   LinkClass link(int a, int b) const;
   const LinkParams& params(int a, int b) const { return links[static_cast<int>(link(a, b))]; }
   // Ranks of host h, ascending.
@@ -100,20 +103,31 @@ struct Topology {
   // rank -> host index, the shape hierarchical programs are generated from.
   std::vector<int> host_of_rank() const;
   // Throws chorusInvalidArgument when indices are out of range, a host has no ranks, or local ranks are not
-  // 0..k-1 in rank order.
+  // 0..k-1 in rank order; also on empty or duplicate host ids, GPU or NUMA indices the host lacks, unknown NIC
+  // kinds and negative costs (0 is allowed: unset until apply_default_costs). The message names the field:
+  // "topology: ranks[3].gpu: 2 is out of range (hosts[0] has 2 GPUs; -1 means none)".
   void validate() const;
   bool operator==(const Topology&) const = default;
 };
 
 // Default link parameters and gamma (measured on the development machines; MACHINE-NOTES.md), used for every
-// value no file provides.
+// value no file provides: every zero alpha, bandwidth, reduce_Bps, copy_Bps. A host's zero net_egress/ingress
+// becomes the sum of its NICs' bandwidth, virtual NICs excepted (their speeds are nominal and they often sit on a
+// real NIC); still 0 without such NICs (only the per-connection bandwidth limits).
 void apply_default_costs(Topology& t);
 
-// This host as hwloc sees it (NUMA nodes, cores, GPUs, NICs), with `id` from host_identity(). Throws chorusSystemError
-// when hwloc fails.
+// This host as hwloc sees it (NUMA nodes, cores, GPUs, NICs), with `id` from host_identity(). GPUs are NVIDIA PCI
+// display/3D controllers in PCI bus order; NICs are hwloc's network and RDMA devices (one per PCI device) plus
+// virtual interfaces (veth, bridges; not lo), speeds from sysfs. hwloc runs once per process (its GPU plugins
+// are disabled: no CUDA or NVML initialisation). Throws chorusSystemError when hwloc fails.
 Host discover_host();
 // Boot id + network namespace inode + host name.
 std::string host_identity();
+// The host an hwloc 2 XML export describes (`lstopo --of xml`, hwloc_topology_export_xmlbuffer), found the way
+// discover_host() finds this one, with nothing read from this machine: name and id from the export's HostName,
+// NIC speeds unknown (0), network devices "ethernet", RDMA devices "infiniband". Throws chorusInvalidArgument when
+// hwloc cannot read the XML.
+Host discover_host_from_xml(const std::string& xml);
 
 // A synthetic cluster: `ranks_per_host[h]` ranks on host h, ranks numbered host by host; host h is "host<h>" with
 // one core per rank and one NUMA node, each host's network limited to net_Bps each way (0: only the per-connection
@@ -125,12 +139,18 @@ Topology make_cluster(const std::vector<int>& ranks_per_host, double net_Bps);
 Topology place_ranks(std::vector<Host> hosts, const std::vector<int>& ranks_per_host);
 
 // JSON (schema in docs/topology.md). from_json throws chorusInvalidArgument naming the file (origin) and the
-// offending field.
+// offending field ("topology file x.json: hosts[2].nics[0].bandwidth_GBps: expected a number"); it applies the
+// default costs and validates. to_json writes alike hosts as one entry with "count" and omits "ranks" when the
+// implicit placement reproduces them; from_json(to_json(t)) == t for every valid t whose costs are applied.
 std::string to_json(const Topology& t);
 Topology from_json(const std::string& text, const std::string& origin);
+// from_json of a file; chorusSystemError when it cannot be read.
 Topology load_file(const std::string& path);
+// Writes to_json(t) atomically (a temporary file beside `path`, renamed over it); chorusSystemError on failure.
 void dump_file(const Topology& t, const std::string& path);
-// Overrides links / reduce / copy from a tuning file (the "links", "reduce_GBps", "copy_GBps" fields only).
+// Overrides links / reduce / copy from a tuning file (the "links", "reduce_GBps", "copy_GBps" fields only; other
+// fields are ignored). Values must be > 0. On any error (chorusInvalidArgument naming the field, chorusSystemError
+// when unreadable) t is unchanged.
 void apply_tune_file(Topology& t, const std::string& path);
 
 // Human-readable summary (chorus-info --topology).

@@ -5,11 +5,18 @@
 #include <chorus/chorus.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "topology/topology.h"
 
 namespace chorus::test {
 
@@ -44,6 +51,28 @@ class World {
     static std::map<int, std::unique_ptr<World>> worlds;
     auto& w = worlds[n];
     if (!w) w = std::make_unique<World>(n);
+    return *w;
+  }
+
+  // A world whose ranks the communicators see spread over emulated hosts (ranks_per_host[h] ranks on host h, in
+  // rank order), through a CHORUS_TOPO_FILE written for it. Shared like get().
+  static World& get_with_hosts(const std::vector<int>& ranks_per_host) {
+    static std::map<std::vector<int>, std::unique_ptr<World>> worlds;
+    auto& w = worlds[ranks_per_host];
+    if (!w) {
+      int n = 0;
+      std::string name = "/tmp/chorus-test-topo";
+      for (int m : ranks_per_host) {
+        n += m;
+        name.append("-").append(std::to_string(m));
+      }
+      name.append("-").append(std::to_string(getpid())).append(".json");
+      topo::dump_file(topo::make_cluster(ranks_per_host, 1.25e9), name);
+      setenv("CHORUS_TOPO_FILE", name.c_str(), 1);
+      w = std::make_unique<World>(n);
+      unsetenv("CHORUS_TOPO_FILE");
+      std::remove(name.c_str());
+    }
     return *w;
   }
 

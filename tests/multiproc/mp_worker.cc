@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/algorithms.h"
 #include "tests/common/data.h"
 
 using namespace chorus::test;
@@ -50,6 +51,18 @@ const char* cname(C c) {
   return n[static_cast<int>(c)];
 }
 
+// Every algorithm of the table for a collective ("" where there is no choice: send/recv, barrier).
+std::vector<std::string> algorithms_of(C c) {
+  using chorus::algo::Coll;
+  static const Coll map[] = {Coll::AllReduce, Coll::Broadcast, Coll::Reduce,   Coll::AllGather, Coll::ReduceScatter,
+                             Coll::AllToAll,  Coll::AllToAllv, Coll::SendRecv, Coll::Barrier};
+  std::vector<std::string> names;
+  if (c == C::SendRecv || c == C::Barrier) return {""};
+  for (const auto& a : chorus::algo::algorithm_table())
+    if (a.coll == map[static_cast<int>(c)]) names.push_back(a.name);
+  return names;
+}
+
 int run_matrix(chorusComm_t comm) {
   const int n = g_n, r = g_rank;
   const chorusDataType_t types[] = {chorusFloat32, chorusBfloat16, chorusInt32, chorusFloat8e4m3, chorusUint64};
@@ -59,142 +72,149 @@ int run_matrix(chorusComm_t comm) {
   for (C coll : {C::AllReduce, C::Broadcast, C::Reduce, C::AllGather, C::ReduceScatter, C::AllToAll, C::AllToAllv,
                  C::SendRecv, C::Barrier}) {
     const bool red = coll == C::AllReduce || coll == C::Reduce || coll == C::ReduceScatter;
-    for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(n - 1), size_t{100003}}) {
-      for (bool in_place : {false, true}) {
-        if (in_place && (coll == C::AllToAllv || coll == C::SendRecv || coll == C::Barrier)) continue;
-        for (int root : {0, n - 1}) {
-          if (root != 0 && coll != C::Broadcast && coll != C::Reduce) continue;
-          for (chorusDataType_t t : types) {
-            for (TestOp op : ops) {
-              if (!red && op != TestOp::Sum) continue;
-              const size_t esz = type_size(t);
-              const bool uns = is_unsigned(t);
-              // Sizes (elements) of this rank's input and output.
-              size_t in_e = count, out_e = count;
-              std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
-              if (coll == C::AllGather) out_e = count * n;
-              if (coll == C::ReduceScatter) in_e = count * n;
-              if (coll == C::AllToAll) in_e = out_e = count * n;
-              if (coll == C::AllToAllv) {
-                in_e = out_e = 0;
-                for (int j = 0; j < n; ++j) {
-                  sc[j] = v_count(count, r, j);
-                  sd[j] = in_e;
-                  in_e += sc[j] + 1;
-                  rc[j] = v_count(count, j, r);
-                  rd[j] = out_e;
-                  out_e += rc[j] + 1;
+    for (const std::string& algorithm : algorithms_of(coll))
+      for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(n - 1), size_t{100003}}) {
+        for (bool in_place : {false, true}) {
+          if (in_place && (coll == C::AllToAllv || coll == C::SendRecv || coll == C::Barrier)) continue;
+          for (int root : {0, n - 1}) {
+            if (root != 0 && coll != C::Broadcast && coll != C::Reduce) continue;
+            for (chorusDataType_t t : types) {
+              for (TestOp op : ops) {
+                if (!red && op != TestOp::Sum) continue;
+                const size_t esz = type_size(t);
+                const bool uns = is_unsigned(t);
+                // Sizes (elements) of this rank's input and output.
+                size_t in_e = count, out_e = count;
+                std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
+                if (coll == C::AllGather) out_e = count * n;
+                if (coll == C::ReduceScatter) in_e = count * n;
+                if (coll == C::AllToAll) in_e = out_e = count * n;
+                if (coll == C::AllToAllv) {
+                  in_e = out_e = 0;
+                  for (int j = 0; j < n; ++j) {
+                    sc[j] = v_count(count, r, j);
+                    sd[j] = in_e;
+                    in_e += sc[j] + 1;
+                    rc[j] = v_count(count, j, r);
+                    rd[j] = out_e;
+                    out_e += rc[j] + 1;
+                  }
                 }
-              }
-              in.assign(in_e * esz + 8, std::byte{0});
-              out.assign(std::max(in_e, out_e) * esz + 8, std::byte{0xA5});
-              want.assign(std::max(in_e, out_e) * esz + 8, std::byte{0xA5});
-              auto value = [&](int q, size_t i) { return test_value(op, q, i, uns); };
-              for (size_t i = 0; i < in_e; ++i) store(t, in.data(), i, static_cast<double>(value(r, i)));
-              std::vector<int64_t> vals(n);
-              auto reduced = [&](size_t i) {
-                for (int q = 0; q < n; ++q) vals[q] = value(q, i);
-                return reduce_values(op, vals.data(), n);
-              };
-              size_t check_e = out_e;
-              switch (coll) {
-                case C::AllReduce:
-                  for (size_t i = 0; i < count; ++i) store_result(t, op, reduced(i), n, want.data(), i);
-                  break;
-                case C::Reduce:
-                  if (r == root) {
+                in.assign(in_e * esz + 8, std::byte{0});
+                out.assign(std::max(in_e, out_e) * esz + 8, std::byte{0xA5});
+                want.assign(std::max(in_e, out_e) * esz + 8, std::byte{0xA5});
+                auto value = [&](int q, size_t i) { return test_value(op, q, i, uns); };
+                for (size_t i = 0; i < in_e; ++i) store(t, in.data(), i, static_cast<double>(value(r, i)));
+                std::vector<int64_t> vals(n);
+                auto reduced = [&](size_t i) {
+                  for (int q = 0; q < n; ++q) vals[q] = value(q, i);
+                  return reduce_values(op, vals.data(), n);
+                };
+                size_t check_e = out_e;
+                switch (coll) {
+                  case C::AllReduce:
                     for (size_t i = 0; i < count; ++i) store_result(t, op, reduced(i), n, want.data(), i);
-                  } else if (in_place) {
-                    std::memcpy(want.data(), in.data(), count * esz);
-                  }
-                  break;
-                case C::ReduceScatter:
-                  for (size_t i = 0; i < count; ++i) store_result(t, op, reduced(r * count + i), n, want.data(), i);
-                  check_e = count;
-                  break;
-                case C::Broadcast:
-                  for (size_t i = 0; i < count; ++i) store(t, want.data(), i, static_cast<double>(value(root, i)));
-                  break;
-                case C::AllGather:
-                  for (int b = 0; b < n; ++b)
+                    break;
+                  case C::Reduce:
+                    if (r == root) {
+                      for (size_t i = 0; i < count; ++i) store_result(t, op, reduced(i), n, want.data(), i);
+                    } else if (in_place) {
+                      std::memcpy(want.data(), in.data(), count * esz);
+                    }
+                    break;
+                  case C::ReduceScatter:
+                    for (size_t i = 0; i < count; ++i) store_result(t, op, reduced(r * count + i), n, want.data(), i);
+                    check_e = count;
+                    break;
+                  case C::Broadcast:
+                    for (size_t i = 0; i < count; ++i) store(t, want.data(), i, static_cast<double>(value(root, i)));
+                    break;
+                  case C::AllGather:
+                    for (int b = 0; b < n; ++b)
+                      for (size_t i = 0; i < count; ++i)
+                        store(t, want.data(), b * count + i, static_cast<double>(value(b, i)));
+                    break;
+                  case C::AllToAll:
+                    for (int b = 0; b < n; ++b)
+                      for (size_t i = 0; i < count; ++i)
+                        store(t, want.data(), b * count + i, static_cast<double>(value(b, r * count + i)));
+                    break;
+                  case C::AllToAllv:
+                    for (int b = 0; b < n; ++b) {
+                      size_t b_sd = 0;  // where rank b's block for rank r starts in b's input
+                      for (int j = 0; j < r; ++j) b_sd += v_count(count, b, j) + 1;
+                      for (size_t i = 0; i < rc[b]; ++i)
+                        store(t, want.data(), rd[b] + i, static_cast<double>(value(b, b_sd + i)));
+                    }
+                    break;
+                  case C::SendRecv:  // ring shift: receive rank r-1's input
                     for (size_t i = 0; i < count; ++i)
-                      store(t, want.data(), b * count + i, static_cast<double>(value(b, i)));
-                  break;
-                case C::AllToAll:
-                  for (int b = 0; b < n; ++b)
-                    for (size_t i = 0; i < count; ++i)
-                      store(t, want.data(), b * count + i, static_cast<double>(value(b, r * count + i)));
-                  break;
-                case C::AllToAllv:
-                  for (int b = 0; b < n; ++b) {
-                    size_t b_sd = 0;  // where rank b's block for rank r starts in b's input
-                    for (int j = 0; j < r; ++j) b_sd += v_count(count, b, j) + 1;
-                    for (size_t i = 0; i < rc[b]; ++i)
-                      store(t, want.data(), rd[b] + i, static_cast<double>(value(b, b_sd + i)));
-                  }
-                  break;
-                case C::SendRecv:  // ring shift: receive rank r-1's input
-                  for (size_t i = 0; i < count; ++i)
-                    store(t, want.data(), i, static_cast<double>(value((r + n - 1) % n, i)));
-                  break;
-                case C::Barrier: check_e = 0; break;
-              }
-              if (in_place) {
-                if (coll == C::AllGather)
-                  std::memcpy(out.data() + r * count * esz, in.data(), count * esz);
-                else
-                  std::memcpy(out.data(), in.data(), in_e * esz);
-              }
-              chorusRedOp_t rop = chorusSum;
-              if (red) {
-                if (op == TestOp::Max) rop = chorusMax;
-                if (op == TestOp::Avg) rop = chorusAvg;
-                if (op == TestOp::Prod) rop = chorusProd;
-                if (op == TestOp::PreMulSum) {
-                  std::byte scalar[8];
-                  store(t, scalar, 0, kPreMulScalar);
-                  CHECK_OK(chorusRedOpCreatePreMulSum(&rop, scalar, t, chorusScalarHostImmediate, comm));
+                      store(t, want.data(), i, static_cast<double>(value((r + n - 1) % n, i)));
+                    break;
+                  case C::Barrier: check_e = 0; break;
                 }
+                if (in_place) {
+                  if (coll == C::AllGather)
+                    std::memcpy(out.data() + r * count * esz, in.data(), count * esz);
+                  else
+                    std::memcpy(out.data(), in.data(), in_e * esz);
+                }
+                chorusRedOp_t rop = chorusSum;
+                if (red) {
+                  if (op == TestOp::Max) rop = chorusMax;
+                  if (op == TestOp::Avg) rop = chorusAvg;
+                  if (op == TestOp::Prod) rop = chorusProd;
+                  if (op == TestOp::PreMulSum) {
+                    std::byte scalar[8];
+                    store(t, scalar, 0, kPreMulScalar);
+                    CHECK_OK(chorusRedOpCreatePreMulSum(&rop, scalar, t, chorusScalarHostImmediate, comm));
+                  }
+                }
+                const void* send = in_place ? out.data() : in.data();
+                std::byte* o = out.data();
+                chorusCollOptions_t opt = CHORUS_COLL_OPTIONS_INIT;
+                if (!algorithm.empty()) opt.algorithm = algorithm.c_str();
+                switch (coll) {
+                  case C::AllReduce: CHECK_OK(chorusAllReduceEx(send, o, count, t, rop, &opt, comm, nullptr)); break;
+                  case C::Broadcast: CHECK_OK(chorusBroadcastEx(send, o, count, t, root, &opt, comm, nullptr)); break;
+                  case C::Reduce: CHECK_OK(chorusReduceEx(send, o, count, t, rop, root, &opt, comm, nullptr)); break;
+                  case C::AllGather:
+                    CHECK_OK(chorusAllGatherEx(in_place ? o + r * count * esz : in.data(), o, count, t, &opt, comm,
+                                               nullptr));
+                    break;
+                  case C::ReduceScatter:
+                    CHECK_OK(chorusReduceScatterEx(send, in_place ? o + r * count * esz : o, count, t, rop, &opt, comm,
+                                                   nullptr));
+                    if (in_place) std::memmove(o, o + r * count * esz, count * esz);
+                    break;
+                  case C::AllToAll: CHECK_OK(chorusAllToAllEx(send, o, count, t, &opt, comm, nullptr)); break;
+                  case C::AllToAllv:
+                    CHECK_OK(
+                        chorusAllToAllv(in.data(), sc.data(), sd.data(), o, rc.data(), rd.data(), t, comm, nullptr));
+                    break;
+                  case C::SendRecv:
+                    CHECK_OK(chorusGroupStart());
+                    CHECK_OK(chorusSend(in.data(), count, t, (r + 1) % n, comm, nullptr));
+                    CHECK_OK(chorusRecv(o, count, t, (r + n - 1) % n, comm, nullptr));
+                    CHECK_OK(chorusGroupEnd());
+                    break;
+                  case C::Barrier: CHECK_OK(chorusBarrier(comm, nullptr)); break;
+                }
+                if (red && op == TestOp::PreMulSum) CHECK_OK(chorusRedOpDestroy(rop, comm));
+                int64_t bad = first_mismatch(t, op, o, want.data(), check_e);
+                if (bad >= 0) {
+                  std::printf("FAIL %s/%s count=%zu %s root=%d dtype=%d op=%s: element %lld is %g, expected %g\n",
+                              cname(coll), algorithm.c_str(), count, in_place ? "in-place" : "out-of-place", root,
+                              static_cast<int>(t), test_op_name(op), static_cast<long long>(bad), load(t, o, bad),
+                              load(t, want.data(), bad));
+                  return 1;
+                }
+                ++cases;
               }
-              const void* send = in_place ? out.data() : in.data();
-              std::byte* o = out.data();
-              switch (coll) {
-                case C::AllReduce: CHECK_OK(chorusAllReduce(send, o, count, t, rop, comm, nullptr)); break;
-                case C::Broadcast: CHECK_OK(chorusBroadcast(send, o, count, t, root, comm, nullptr)); break;
-                case C::Reduce: CHECK_OK(chorusReduce(send, o, count, t, rop, root, comm, nullptr)); break;
-                case C::AllGather:
-                  CHECK_OK(chorusAllGather(in_place ? o + r * count * esz : in.data(), o, count, t, comm, nullptr));
-                  break;
-                case C::ReduceScatter:
-                  CHECK_OK(chorusReduceScatter(send, in_place ? o + r * count * esz : o, count, t, rop, comm, nullptr));
-                  if (in_place) std::memmove(o, o + r * count * esz, count * esz);
-                  break;
-                case C::AllToAll: CHECK_OK(chorusAllToAll(send, o, count, t, comm, nullptr)); break;
-                case C::AllToAllv:
-                  CHECK_OK(chorusAllToAllv(in.data(), sc.data(), sd.data(), o, rc.data(), rd.data(), t, comm, nullptr));
-                  break;
-                case C::SendRecv:
-                  CHECK_OK(chorusGroupStart());
-                  CHECK_OK(chorusSend(in.data(), count, t, (r + 1) % n, comm, nullptr));
-                  CHECK_OK(chorusRecv(o, count, t, (r + n - 1) % n, comm, nullptr));
-                  CHECK_OK(chorusGroupEnd());
-                  break;
-                case C::Barrier: CHECK_OK(chorusBarrier(comm, nullptr)); break;
-              }
-              if (red && op == TestOp::PreMulSum) CHECK_OK(chorusRedOpDestroy(rop, comm));
-              int64_t bad = first_mismatch(t, op, o, want.data(), check_e);
-              if (bad >= 0) {
-                std::printf("FAIL %s count=%zu %s root=%d dtype=%d op=%s: element %lld is %g, expected %g\n",
-                            cname(coll), count, in_place ? "in-place" : "out-of-place", root, static_cast<int>(t),
-                            test_op_name(op), static_cast<long long>(bad), load(t, o, bad), load(t, want.data(), bad));
-                return 1;
-              }
-              ++cases;
             }
           }
         }
       }
-    }
   }
   std::printf("matrix: %d cases passed\n", cases);
   return 0;

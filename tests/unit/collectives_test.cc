@@ -1,8 +1,11 @@
-// The correctness matrix over the local transport (ranks as threads): every collective x ranks {1,2,3,4,5,7,8} x
+// The correctness matrix over the local transport (ranks as threads): every collective x every algorithm of the
+// table x ranks {1,2,3,4,5,7,8} x
 // counts {0, 1, nranks-1, large} x in place and out of place x root {0, last} x every dtype and op where defined.
 // Every rank holds distinct data and checks its own result. "large" is 1000003 elements in the largest buffer of a
 // rank: the count itself for all-reduce, broadcast and reduce; ceil(1000003 / nranks) per rank for all-gather,
-// reduce-scatter and all-to-all(v), whose buffers hold nranks blocks.
+// reduce-scatter and all-to-all(v), whose buffers hold nranks blocks. The ranks are spread over emulated hosts
+// (CHORUS_TOPO_FILE, uneven where the count allows: 3 + 5 for 8 ranks) so the hierarchical programs run with real
+// host boundaries; the algorithm is forced per call (chorusCollOptions_t).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/algorithms.h"
 #include "tests/common/data.h"
 #include "tests/common/world.h"
 
@@ -64,8 +68,9 @@ struct Case {
   int root;
   chorusDataType_t t;
   TestOp op;
+  std::string algo;
   std::string str() const {
-    return std::string(coll_t_name(coll)) + " n=" + std::to_string(n) + " count=" + std::to_string(count) +
+    return std::string(coll_t_name(coll)) + "/" + algo + " n=" + std::to_string(n) + " count=" + std::to_string(count) +
            (in_place ? " in-place" : " out-of-place") + " root=" + std::to_string(root) + " " +
            std::to_string(static_cast<int>(t)) + "/" + test_op_name(op);
   }
@@ -189,18 +194,20 @@ void run_case(World& w, const Case& c, const Prepared& pr) {
     }
     const void* send = c.in_place ? out : in;
     chorusResult_t res = chorusInternalError;
+    chorusCollOptions_t opt = CHORUS_COLL_OPTIONS_INIT;
+    opt.algorithm = c.algo.c_str();
     switch (c.coll) {
-      case CollT::AllReduce: res = chorusAllReduce(send, out, count, c.t, op, comm, nullptr); break;
-      case CollT::Broadcast: res = chorusBroadcast(send, out, count, c.t, c.root, comm, nullptr); break;
-      case CollT::Reduce: res = chorusReduce(send, out, count, c.t, op, c.root, comm, nullptr); break;
+      case CollT::AllReduce: res = chorusAllReduceEx(send, out, count, c.t, op, &opt, comm, nullptr); break;
+      case CollT::Broadcast: res = chorusBroadcastEx(send, out, count, c.t, c.root, &opt, comm, nullptr); break;
+      case CollT::Reduce: res = chorusReduceEx(send, out, count, c.t, op, c.root, &opt, comm, nullptr); break;
       case CollT::AllGather:
-        res = chorusAllGather(c.in_place ? out + r * count * esz : in, out, count, c.t, comm, nullptr);
+        res = chorusAllGatherEx(c.in_place ? out + r * count * esz : in, out, count, c.t, &opt, comm, nullptr);
         break;
       case CollT::ReduceScatter:
-        res = chorusReduceScatter(c.in_place ? out : in, c.in_place ? out + r * count * esz : out, count, c.t, op, comm,
-                                  nullptr);
+        res = chorusReduceScatterEx(c.in_place ? out : in, c.in_place ? out + r * count * esz : out, count, c.t, op,
+                                    &opt, comm, nullptr);
         break;
-      case CollT::AllToAll: res = chorusAllToAll(send, out, count, c.t, comm, nullptr); break;
+      case CollT::AllToAll: res = chorusAllToAllEx(send, out, count, c.t, &opt, comm, nullptr); break;
       case CollT::AllToAllv:
         res = chorusAllToAllv(in, scount[r].data(), sdispl[r].data(), out, rcount[r].data(), rdispl[r].data(), c.t,
                               comm, nullptr);
@@ -218,11 +225,35 @@ void run_case(World& w, const Case& c, const Prepared& pr) {
   });
 }
 
-class Collectives : public ::testing::TestWithParam<std::tuple<CollT, int>> {};
+algo::Coll to_coll(CollT c) {
+  switch (c) {
+    case CollT::AllReduce: return algo::Coll::AllReduce;
+    case CollT::Broadcast: return algo::Coll::Broadcast;
+    case CollT::Reduce: return algo::Coll::Reduce;
+    case CollT::AllGather: return algo::Coll::AllGather;
+    case CollT::ReduceScatter: return algo::Coll::ReduceScatter;
+    case CollT::AllToAll: return algo::Coll::AllToAll;
+    case CollT::AllToAllv: return algo::Coll::AllToAllv;
+  }
+  return algo::Coll::Count;
+}
+
+// Emulated hosts for n ranks: one host for 1, else two or three hosts, uneven where possible.
+std::vector<int> host_shape(int n) {
+  switch (n) {
+    case 1: return {1};
+    case 7: return {2, 2, 3};
+    case 8: return {3, 5};
+    default: return {n / 2, n - n / 2};
+  }
+}
+
+using Param = std::tuple<CollT, int, std::string>;
+class Collectives : public ::testing::TestWithParam<Param> {};
 
 TEST_P(Collectives, Matrix) {
-  const auto [coll, n] = GetParam();
-  World& w = World::get(n);
+  const auto [coll, n, algorithm] = GetParam();
+  World& w = World::get_with_hosts(host_shape(n));
   std::vector<size_t> counts = {0, 1, static_cast<size_t>(n - 1)};
   const bool blocks =
       coll == CollT::AllGather || coll == CollT::ReduceScatter || coll == CollT::AllToAll || coll == CollT::AllToAllv;
@@ -244,7 +275,7 @@ TEST_P(Collectives, Matrix) {
         for (bool in_place : {false, true}) {
           if (in_place && coll == CollT::AllToAllv) continue;  // not supported (documented)
           for (int root : roots) {
-            Case c{coll, n, count, in_place, root, t, op};
+            Case c{coll, n, count, in_place, root, t, op, algorithm};
             SCOPED_TRACE(c.str());
             run_case(w, c, pr[minmax && is_unsigned(t) ? 1 : 0]);
             if (HasFatalFailure() || HasFailure()) return;
@@ -255,15 +286,24 @@ TEST_P(Collectives, Matrix) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Local, Collectives,
-                         ::testing::Combine(::testing::Values(CollT::AllReduce, CollT::Broadcast, CollT::Reduce,
-                                                              CollT::AllGather, CollT::ReduceScatter, CollT::AllToAll,
-                                                              CollT::AllToAllv),
-                                            ::testing::Values(1, 2, 3, 4, 5, 7, 8)),
-                         [](const auto& info) {
-                           return std::string(coll_t_name(std::get<0>(info.param))) + "_" +
-                                  std::to_string(std::get<1>(info.param)) + "ranks";
-                         });
+std::vector<Param> every_algorithm() {
+  std::vector<Param> v;
+  for (CollT c : {CollT::AllReduce, CollT::Broadcast, CollT::Reduce, CollT::AllGather, CollT::ReduceScatter,
+                  CollT::AllToAll, CollT::AllToAllv})
+    for (const algo::AlgorithmInfo& a : algo::algorithm_table())
+      if (a.coll == to_coll(c))
+        for (int n : {1, 2, 3, 4, 5, 7, 8}) v.emplace_back(c, n, a.name);
+  return v;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Param>& info) {
+  std::string s = coll_t_name(std::get<0>(info.param));
+  s.append("_").append(std::get<2>(info.param)).append("_");
+  s.append(std::to_string(std::get<1>(info.param))).append("ranks");
+  return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Local, Collectives, ::testing::ValuesIn(every_algorithm()), case_name);
 
 }  // namespace
 }  // namespace chorus::test

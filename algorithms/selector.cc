@@ -1,0 +1,315 @@
+#include "algorithms/selector.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+
+#include "core/config.h"
+#include "core/error.h"
+
+namespace chorus::algo {
+
+namespace {
+
+constexpr double kNearTie = 1.03;           // another candidate must be more than 3% faster to win
+constexpr size_t kMemoMax = size_t{1} << 16;  // decisions kept; the memo starts over beyond this
+
+constexpr Coll kSpecColls[] = {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast,
+                               Coll::Reduce,    Coll::AllToAll,  Coll::AllToAllv};
+
+[[noreturn]] void bad_spec(const std::string& what) {
+  throw Error(chorusInvalidArgument, Subsys::Algorithms, "CHORUS_ALGO: " + what);
+}
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t at = s.find(sep, start);
+    out.push_back(trim(s.substr(start, at == std::string::npos ? std::string::npos : at - start)));
+    if (at == std::string::npos) return out;
+    start = at + 1;
+  }
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+uint64_t parse_bytes(const std::string& text, const std::string& part) {
+  try {
+    return static_cast<uint64_t>(parse_size(text, "size"));
+  } catch (const Error& e) {
+    bad_spec(cat("bad size in '", part, "': ", e.what(), " (sizes are bytes with an optional K, M or G suffix)"));
+  }
+}
+
+std::string fmt_us(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f us", seconds * 1e6);
+  return buf;
+}
+
+bool rooted(Coll c) { return c == Coll::Broadcast || c == Coll::Reduce; }
+
+}  // namespace
+
+const char* coll_spec_name(Coll coll) {
+  switch (coll) {
+    case Coll::AllReduce: return "allreduce";
+    case Coll::AllGather: return "allgather";
+    case Coll::ReduceScatter: return "reducescatter";
+    case Coll::Broadcast: return "broadcast";
+    case Coll::Reduce: return "reduce";
+    case Coll::AllToAll: return "alltoall";
+    case Coll::AllToAllv: return "alltoallv";
+    default: return "";
+  }
+}
+
+std::string algorithm_names(Coll coll) {
+  std::string out;
+  for (const AlgorithmInfo& a : algorithm_table())
+    if (a.coll == coll) out += (out.empty() ? "" : ", ") + std::string(a.name);
+  return out.empty() ? "(none)" : out;
+}
+
+uint64_t selection_bytes(Coll coll, size_t count, size_t elem_size, int nranks) {
+  const uint64_t b = static_cast<uint64_t>(count) * elem_size;
+  switch (coll) {
+    case Coll::AllGather:
+    case Coll::ReduceScatter:
+    case Coll::AllToAll:
+    case Coll::AllToAllv: return b * static_cast<uint64_t>(std::max(nranks, 1));
+    default: return b;
+  }
+}
+
+const char* choice_reason_name(ChoiceReason r) {
+  switch (r) {
+    case ChoiceReason::PerCall: return "per-call";
+    case ChoiceReason::Override: return "CHORUS_ALGO";
+    case ChoiceReason::CostModel: return "cost model";
+  }
+  return "?";
+}
+
+const AlgoRule* AlgoOverrides::find(Coll coll, uint64_t bytes) const {
+  const auto c = static_cast<size_t>(coll);
+  if (c >= rules.size()) return nullptr;
+  for (const AlgoRule& r : rules[c])
+    if (bytes >= r.lo && bytes < r.hi) return &r;
+  return nullptr;
+}
+
+bool AlgoOverrides::empty() const {
+  return std::all_of(rules.begin(), rules.end(), [](const auto& v) { return v.empty(); });
+}
+
+AlgoOverrides parse_algo_overrides(const std::string& spec) {
+  AlgoOverrides out;
+  for (const std::string& entry : split(spec, ';')) {
+    if (entry.empty()) continue;
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos)
+      bad_spec(cat("'", entry, "' has no ':' (expected collective:[lo-hi:]algorithm[,...], e.g. allreduce:ring)"));
+    const std::string cname = lower(trim(entry.substr(0, colon)));
+    Coll coll = Coll::Count;
+    for (Coll c : kSpecColls)
+      if (cname == coll_spec_name(c)) coll = c;
+    if (coll == Coll::Count) {
+      std::string names;
+      for (Coll c : kSpecColls) names += (names.empty() ? "" : ", ") + std::string(coll_spec_name(c));
+      bad_spec(cat("unknown collective '", cname, "' in '", entry, "' (known: ", names, ")"));
+    }
+    const std::string rules = entry.substr(colon + 1);
+    for (const std::string& rule : split(rules, ',')) {
+      const std::string part = cat(cname, ":", rule);
+      if (rule.empty()) bad_spec(cat("empty rule in '", entry, "'"));
+      AlgoRule r;
+      r.text = part;
+      const size_t rc = rule.rfind(':');
+      r.algorithm = trim(rc == std::string::npos ? rule : rule.substr(rc + 1));
+      if (rc != std::string::npos) {
+        const std::string range = trim(rule.substr(0, rc));
+        const size_t dash = range.find('-');
+        if (dash == std::string::npos)
+          bad_spec(cat("range '", range, "' in '", part, "' has no '-' (expected lo-hi, lo- or -hi)"));
+        const std::string lo = trim(range.substr(0, dash)), hi = trim(range.substr(dash + 1));
+        if (!lo.empty()) r.lo = parse_bytes(lo, part);
+        if (!hi.empty()) r.hi = parse_bytes(hi, part);
+        if (r.lo >= r.hi) bad_spec(cat("empty range '", range, "' in '", part, "' (lo must be below hi)"));
+      }
+      if (r.algorithm.empty()) bad_spec(cat("no algorithm named in '", part, "'"));
+      if (find_algorithm(coll, r.algorithm) == nullptr)
+        bad_spec(cat("unknown algorithm '", r.algorithm, "' for ", cname, " in '", part,
+                     "' (known: ", algorithm_names(coll), ")"));
+      out.rules[static_cast<size_t>(coll)].push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+int pick_candidate(const std::vector<Candidate>& candidates) {
+  double best = std::numeric_limits<double>::infinity();
+  bool any = false;
+  for (const Candidate& c : candidates)
+    if (c.applicable) {
+      best = std::min(best, c.predicted_s);
+      any = true;
+    }
+  if (!any) return -1;
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (candidates[i].applicable && candidates[i].predicted_s <= best * kNearTie) return static_cast<int>(i);
+  return -1;
+}
+
+size_t Selector::KeyHash::operator()(const Key& k) const {
+  size_t h = std::hash<size_t>()(k.count);
+  auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  mix(static_cast<size_t>(k.coll));
+  mix(k.elem_size);
+  mix(static_cast<size_t>(k.root));
+  mix(std::hash<std::string>()(k.algorithm));
+  return h;
+}
+
+Selector::Selector(topo::Topology topology, SimOptions sim, int nchannels, AlgoOverrides overrides)
+    : topo_(std::move(topology)), sim_(sim), nchannels_(nchannels), overrides_(std::move(overrides)) {
+  if (topo_.nranks() < 1) throw Error(chorusInvalidArgument, Subsys::Algorithms, "selector: topology has no ranks");
+  if (nchannels_ < 1)
+    throw Error(chorusInvalidArgument, Subsys::Algorithms, cat("selector: nchannels ", nchannels_, " must be >= 1"));
+  host_of_rank_ = topo_.host_of_rank();
+}
+
+std::shared_ptr<const Choice> Selector::choose(Coll coll, size_t count, size_t elem_size, int root,
+                                               const char* per_call_algorithm) const {
+  Key key{coll, count, elem_size, rooted(coll) ? root : 0, per_call_algorithm ? per_call_algorithm : ""};
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+  }
+  std::shared_ptr<const Choice> made = decide(key);
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (memo_.size() >= kMemoMax) memo_.clear();
+  return memo_.try_emplace(std::move(key), std::move(made)).first->second;
+}
+
+std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
+  const Coll coll = key.coll;
+  const int n = topo_.nranks();
+  if (key.elem_size == 0) throw Error(chorusInvalidArgument, Subsys::Algorithms, "selector: elem_size is 0");
+  if (rooted(coll) && (key.root < 0 || key.root >= n))
+    throw Error(chorusInvalidArgument, Subsys::Algorithms,
+                cat("selector: root ", key.root, " out of range for ", n, " ranks"));
+  auto choice = std::make_shared<Choice>();
+  choice->bytes = selection_bytes(coll, key.count, key.elem_size, n);
+
+  const ProgramParams params{n, key.root, nchannels_, host_of_rank_};
+  std::vector<std::shared_ptr<const Program>> programs;
+  for (const AlgorithmInfo& a : algorithm_table()) {
+    if (a.coll != coll) continue;
+    Candidate c;
+    c.algorithm = &a;
+    std::shared_ptr<const Program> prog;
+    try {
+      prog = get_program(a, params);
+      c.predicted_s = simulate(*prog, topo_, key.count, key.elem_size, sim_).seconds;
+      c.applicable = true;
+    } catch (const std::invalid_argument& e) {
+      c.note = cat("does not apply: ", e.what());
+    } catch (const Error& e) {
+      c.note = cat("could not be simulated: ", e.what());
+    }
+    programs.push_back(c.applicable ? prog : nullptr);
+    choice->candidates.push_back(std::move(c));
+  }
+  if (choice->candidates.empty())
+    throw Error(chorusInvalidArgument, Subsys::Algorithms, cat("selector: no algorithm for ", coll_name(coll)));
+
+  auto index_of = [&](const std::string& name) -> int {
+    for (size_t i = 0; i < choice->candidates.size(); ++i)
+      if (name == choice->candidates[i].algorithm->name) return static_cast<int>(i);
+    return -1;
+  };
+  auto take = [&](int i, ChoiceReason reason, std::string why) {
+    const Candidate& c = choice->candidates[static_cast<size_t>(i)];
+    choice->algorithm = c.algorithm;
+    choice->program = programs[static_cast<size_t>(i)];
+    choice->predicted_s = c.predicted_s;
+    choice->reason = reason;
+    choice->why = std::move(why);
+    return std::shared_ptr<const Choice>(std::move(choice));
+  };
+
+  if (!key.algorithm.empty()) {
+    const int i = index_of(key.algorithm);
+    if (i < 0)
+      throw Error(chorusInvalidArgument, Subsys::Algorithms,
+                  cat("unknown algorithm '", key.algorithm, "' for ", coll_name(coll),
+                      " (known: ", algorithm_names(coll), ")"));
+    const Candidate& c = choice->candidates[static_cast<size_t>(i)];
+    if (!c.applicable)
+      throw Error(chorusInvalidArgument, Subsys::Algorithms,
+                  cat("algorithm '", key.algorithm, "' for ", coll_name(coll), " on ", n, " ranks ", c.note));
+    return take(i, ChoiceReason::PerCall,
+                cat("per-call algorithm ", key.algorithm, " (predicted ", fmt_us(c.predicted_s), ")"));
+  }
+
+  std::string prefix;
+  if (const AlgoRule* rule = overrides_.find(coll, choice->bytes)) {
+    const int i = index_of(rule->algorithm);
+    if (i >= 0 && choice->candidates[static_cast<size_t>(i)].applicable)
+      return take(i, ChoiceReason::Override,
+                  cat("CHORUS_ALGO rule '", rule->text, "' for ", choice->bytes, " B (predicted ",
+                      fmt_us(choice->candidates[static_cast<size_t>(i)].predicted_s), ")"));
+    prefix = cat("CHORUS_ALGO rule '", rule->text, "' ignored: ", rule->algorithm, " ",
+                 i >= 0 ? choice->candidates[static_cast<size_t>(i)].note : "is unknown", "; ");
+  }
+
+  const int pick = pick_candidate(choice->candidates);
+  if (pick < 0) {
+    std::string notes;
+    for (const Candidate& c : choice->candidates) notes += cat("; ", c.algorithm->name, " ", c.note);
+    throw Error(chorusInternalError, Subsys::Algorithms,
+                cat("selector: no algorithm for ", coll_name(coll), " on ", n, " ranks can run", notes));
+  }
+  int fastest = pick;
+  for (size_t i = 0; i < choice->candidates.size(); ++i) {
+    const Candidate& c = choice->candidates[i];
+    if (c.applicable && c.predicted_s < choice->candidates[static_cast<size_t>(fastest)].predicted_s)
+      fastest = static_cast<int>(i);
+  }
+  const double best = choice->candidates[static_cast<size_t>(fastest)].predicted_s;
+  const Candidate& chosen = choice->candidates[static_cast<size_t>(pick)];
+  std::string why = prefix + cat("cost model: ", chosen.algorithm->name, " predicted ", fmt_us(chosen.predicted_s));
+  if (pick != fastest) {
+    why += cat(", within 3% of the fastest (", choice->candidates[static_cast<size_t>(fastest)].algorithm->name, " ",
+               fmt_us(best), ") and earlier in the table");
+  } else {
+    double second = std::numeric_limits<double>::infinity();
+    const Candidate* runner = nullptr;
+    for (const Candidate& c : choice->candidates)
+      if (&c != &chosen && c.applicable && c.predicted_s < second) {
+        second = c.predicted_s;
+        runner = &c;
+      }
+    if (runner) why += cat(", next ", runner->algorithm->name, " ", fmt_us(second));
+  }
+  return take(pick, ChoiceReason::CostModel, std::move(why));
+}
+
+}  // namespace chorus::algo

@@ -1,0 +1,135 @@
+// The selector: which algorithm runs a collective call (DESIGN.md, "One collective, end to end", step 3).
+//
+// Precedence: an algorithm named for the call (per-call option) > a CHORUS_ALGO rule for the collective and size
+// > the cost model. The cost model simulates (simulator.h) every algorithm of the collective's table whose
+// generator accepts the communicator (a generator that throws std::invalid_argument, e.g. hierarchical on one
+// host, is not a candidate) and picks the fastest, preferring the earlier table entry unless another is predicted
+// more than 3% faster, so near-ties do not flip between sizes.
+//
+// Sizes are bytes as nccl-tests reports them (selection_bytes): all-reduce, broadcast, reduce: count * elem;
+// all-gather (receive bytes), reduce-scatter (send bytes), all-to-all(v): count * nranks * elem.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "algorithms/algorithms.h"
+#include "algorithms/simulator.h"
+#include "topology/topology.h"
+
+namespace chorus::algo {
+
+// One CHORUS_ALGO rule: sizes in [lo, hi) bytes use `algorithm`.
+struct AlgoRule {
+  uint64_t lo = 0;
+  uint64_t hi = UINT64_MAX;  // UINT64_MAX: no upper bound
+  std::string algorithm;
+  std::string text;  // the rule as written, for explanations ("allreduce:0-64K:tree")
+};
+
+struct AlgoOverrides {
+  std::array<std::vector<AlgoRule>, static_cast<size_t>(Coll::Count)> rules;  // per collective, in spec order
+  // The first rule of `coll` whose range holds `bytes`, or nullptr.
+  const AlgoRule* find(Coll coll, uint64_t bytes) const;
+  bool empty() const;
+};
+
+// Parses CHORUS_ALGO: `coll:rule[,rule...][;coll:...]`, rule = `[lo-hi:]algorithm`. Collectives: allreduce,
+// allgather, reducescatter, broadcast, reduce, alltoall, alltoallv. Sizes are bytes with an optional K, M or G
+// suffix (powers of 1024); `lo-hi` is half-open [lo, hi); either end may be left out (`64K-`, `-1M`); a bare
+// algorithm covers every size. Example: `allreduce:0-64K:oneshot,64K-:ring;allgather:ring`. Overlapping rules:
+// the first that matches wins. Empty or blank text gives no overrides.
+// Throws chorus::Error(chorusInvalidArgument) naming CHORUS_ALGO and the offending part: an unknown collective
+// (listing the names), an unknown algorithm for the collective (listing the algorithm table's names), a bad size
+// or an empty range (lo >= hi).
+AlgoOverrides parse_algo_overrides(const std::string& spec);
+
+// CHORUS_ALGO's name of a collective ("allreduce"), or "" for send/receive and barrier.
+const char* coll_spec_name(Coll coll);
+// "ring, oneshot": the algorithm table's names for `coll`, in table order.
+std::string algorithm_names(Coll coll);
+// Bytes of a call as nccl-tests reports them (see above); `count` is the API's count argument.
+uint64_t selection_bytes(Coll coll, size_t count, size_t elem_size, int nranks);
+
+enum class ChoiceReason : uint8_t {
+  PerCall,    // the call named its algorithm
+  Override,   // a CHORUS_ALGO rule
+  CostModel,  // the fastest predicted candidate
+};
+const char* choice_reason_name(ChoiceReason r);  // "per-call", "CHORUS_ALGO", "cost model"
+
+struct Candidate {
+  const AlgorithmInfo* algorithm = nullptr;
+  bool applicable = false;  // the generator accepted the communicator and the program simulated
+  double predicted_s = 0;   // simulated seconds (valid when applicable)
+  std::string note;         // why it is not applicable
+};
+
+struct Choice {
+  const AlgorithmInfo* algorithm = nullptr;  // from algorithm_table()
+  std::shared_ptr<const Program> program;     // its program for this communicator (from get_program)
+  double predicted_s = 0;                     // the chosen program's simulated seconds
+  ChoiceReason reason = ChoiceReason::CostModel;
+  std::string why;                  // one line for logs and chorus-plan
+  uint64_t bytes = 0;               // selection_bytes of the call
+  std::vector<Candidate> candidates;  // every table entry of the collective, in table order
+};
+
+// The cost model's pick among `candidates` (table order): the earliest applicable one that no other is predicted
+// to beat by more than 3%; -1 when none is applicable.
+int pick_candidate(const std::vector<Candidate>& candidates);
+
+// Decides algorithms for one communicator. Thread-safe: choose() may run from any thread; decisions are memoized
+// per (collective, count, elem_size, root, per-call name), so a repeated call costs one hash lookup.
+class Selector {
+ public:
+  // `topology` must describe the communicator (nranks = topology.nranks(), host_of_rank from it); `nchannels`
+  // is CHORUS_NCHANNELS. Throws chorusInvalidArgument when the topology has no ranks or nchannels < 1.
+  Selector(topo::Topology topology, SimOptions sim, int nchannels, AlgoOverrides overrides = {});
+
+  // Chooses the algorithm of a call of `coll` with the API's `count` (elements) of `elem_size` bytes; `root`
+  // matters for broadcast and reduce only; `per_call_algorithm` (may be null or empty) forces a name.
+  // Throws chorus::Error: chorusInvalidArgument when per_call_algorithm does not name an algorithm of `coll`
+  // (listing the names) or that algorithm does not apply to this communicator (with the generator's reason);
+  // chorusInvalidArgument for a collective without algorithms (send/receive); chorusInternalError when no
+  // candidate could be simulated.
+  std::shared_ptr<const Choice> choose(Coll coll, size_t count, size_t elem_size, int root,
+                                       const char* per_call_algorithm = nullptr) const;
+
+  const topo::Topology& topology() const { return topo_; }
+  int nranks() const { return topo_.nranks(); }
+  int nchannels() const { return nchannels_; }
+  const SimOptions& sim_options() const { return sim_; }
+  const AlgoOverrides& overrides() const { return overrides_; }
+
+ private:
+  struct Key {
+    Coll coll;
+    size_t count;
+    size_t elem_size;
+    int root;
+    std::string algorithm;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const;
+  };
+
+  std::shared_ptr<const Choice> decide(const Key& key) const;
+
+  topo::Topology topo_;
+  SimOptions sim_;
+  int nchannels_;
+  AlgoOverrides overrides_;
+  std::vector<int> host_of_rank_;
+  mutable std::shared_mutex mu_;
+  mutable std::unordered_map<Key, std::shared_ptr<const Choice>, KeyHash> memo_;
+};
+
+}  // namespace chorus::algo

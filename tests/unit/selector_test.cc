@@ -1,0 +1,231 @@
+// The selector: CHORUS_ALGO parsing, precedence (per call > CHORUS_ALGO > cost model), near-ties, memoization.
+#include "algorithms/selector.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "core/error.h"
+
+namespace chorus::algo {
+namespace {
+
+topo::Topology one_host(int n) {
+  topo::Topology t;
+  topo::Host h;
+  h.name = h.id = "host0";
+  h.cores = n;
+  t.hosts.push_back(h);
+  for (int r = 0; r < n; ++r) t.ranks.push_back(topo::RankPlace{0, r, r, -1, -1});
+  for (auto& lp : t.links) lp = {2e-6, 10e9};
+  t.copy_Bps = 10e9;
+  t.reduce_Bps = 5e9;
+  return t;
+}
+
+// Runs `f`, expects chorus::Error(chorusInvalidArgument), returns its text.
+template <typename F>
+std::string invalid_text(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), chorusInvalidArgument) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(AlgoOverrides, ParsesRangesAndBareNames) {
+  AlgoOverrides o = parse_algo_overrides("allreduce:0-64K:oneshot,64K-:ring;allgather:ring;reducescatter:1M-:ring");
+  const auto& ar = o.rules[static_cast<size_t>(Coll::AllReduce)];
+  ASSERT_EQ(ar.size(), 2u);
+  EXPECT_EQ(ar[0].lo, 0u);
+  EXPECT_EQ(ar[0].hi, 65536u);
+  EXPECT_EQ(ar[0].algorithm, "oneshot");
+  EXPECT_EQ(ar[0].text, "allreduce:0-64K:oneshot");
+  EXPECT_EQ(ar[1].lo, 65536u);
+  EXPECT_EQ(ar[1].hi, UINT64_MAX);
+  EXPECT_EQ(o.find(Coll::AllReduce, 0)->algorithm, "oneshot");
+  EXPECT_EQ(o.find(Coll::AllReduce, 65535)->algorithm, "oneshot");
+  EXPECT_EQ(o.find(Coll::AllReduce, 65536)->algorithm, "ring");  // half-open
+  EXPECT_EQ(o.find(Coll::AllGather, 1)->algorithm, "ring");
+  EXPECT_EQ(o.find(Coll::AllGather, uint64_t{1} << 40)->algorithm, "ring");
+  EXPECT_EQ(o.find(Coll::ReduceScatter, (1 << 20) - 1), nullptr);
+  EXPECT_EQ(o.find(Coll::ReduceScatter, 1 << 20)->algorithm, "ring");
+  EXPECT_EQ(o.find(Coll::Broadcast, 100), nullptr);
+  EXPECT_FALSE(o.empty());
+
+  // Blanks, case, an open lower end, a trailing ';'.
+  o = parse_algo_overrides(" AllReduce : -1M : oneshot ; alltoall:pairwise;");
+  EXPECT_EQ(o.find(Coll::AllReduce, (1 << 20) - 1)->algorithm, "oneshot");
+  EXPECT_EQ(o.find(Coll::AllReduce, 1 << 20), nullptr);
+  EXPECT_EQ(o.find(Coll::AllToAll, 7)->algorithm, "pairwise");
+  EXPECT_TRUE(parse_algo_overrides("").empty());
+  EXPECT_TRUE(parse_algo_overrides("  ").empty());
+  // Overlaps: the first rule wins.
+  o = parse_algo_overrides("allreduce:0-1K:oneshot,ring");
+  EXPECT_EQ(o.find(Coll::AllReduce, 10)->algorithm, "oneshot");
+  EXPECT_EQ(o.find(Coll::AllReduce, 1 << 20)->algorithm, "ring");
+}
+
+TEST(AlgoOverrides, BadSpecsNameTheVariableAndThePart) {
+  std::string e = invalid_text([] { parse_algo_overrides("allreduc:ring"); });
+  EXPECT_TRUE(has(e, "CHORUS_ALGO")) << e;
+  EXPECT_TRUE(has(e, "'allreduc'")) << e;
+  EXPECT_TRUE(has(e, "allreduce, allgather, reducescatter, broadcast, reduce, alltoall, alltoallv")) << e;
+
+  e = invalid_text([] { parse_algo_overrides("allreduce:0-64K:tre"); });
+  EXPECT_TRUE(has(e, "CHORUS_ALGO")) << e;
+  EXPECT_TRUE(has(e, "'tre'")) << e;
+  EXPECT_TRUE(has(e, "allreduce:0-64K:tre")) << e;
+  EXPECT_TRUE(has(e, algorithm_names(Coll::AllReduce))) << e;
+  EXPECT_TRUE(has(algorithm_names(Coll::AllReduce), "ring")) << e;
+
+  e = invalid_text([] { parse_algo_overrides("allreduce:64K-1K:ring"); });
+  EXPECT_TRUE(has(e, "empty range '64K-1K'")) << e;
+  e = invalid_text([] { parse_algo_overrides("allreduce:1Q-:ring"); });
+  EXPECT_TRUE(has(e, "bad size in 'allreduce:1Q-:ring'")) << e;
+  e = invalid_text([] { parse_algo_overrides("allreduce:64K:ring"); });
+  EXPECT_TRUE(has(e, "has no '-'")) << e;
+  e = invalid_text([] { parse_algo_overrides("allreduce"); });
+  EXPECT_TRUE(has(e, "'allreduce' has no ':'")) << e;
+  e = invalid_text([] { parse_algo_overrides("allreduce:0-1K:"); });
+  EXPECT_TRUE(has(e, "no algorithm named")) << e;
+  e = invalid_text([] { parse_algo_overrides("allreduce:ring,,oneshot"); });
+  EXPECT_TRUE(has(e, "empty rule")) << e;
+  // A name that exists for another collective only.
+  e = invalid_text([] { parse_algo_overrides("allgather:pairwise"); });
+  EXPECT_TRUE(has(e, "unknown algorithm 'pairwise' for allgather")) << e;
+}
+
+TEST(SelectionBytes, AreNcclTestsBytes) {
+  EXPECT_EQ(selection_bytes(Coll::AllReduce, 100, 4, 8), 400u);
+  EXPECT_EQ(selection_bytes(Coll::Broadcast, 100, 4, 8), 400u);
+  EXPECT_EQ(selection_bytes(Coll::AllGather, 100, 4, 8), 3200u);
+  EXPECT_EQ(selection_bytes(Coll::ReduceScatter, 100, 4, 8), 3200u);
+  EXPECT_EQ(selection_bytes(Coll::AllToAll, 100, 2, 8), 1600u);
+}
+
+TEST(Selector, CostModelSimulatesEveryCandidate) {
+  const topo::Topology t = one_host(8);
+  Selector sel(t, {}, 1);
+  for (size_t count : {size_t{1}, size_t{1} << 22}) {
+    auto c = sel.choose(Coll::AllReduce, count, 4, 0);
+    EXPECT_EQ(c->reason, ChoiceReason::CostModel);
+    EXPECT_EQ(c->bytes, count * 4);
+    // Every table entry of the collective, in table order, with the time simulate() gives.
+    size_t i = 0;
+    double best = 1e300;
+    for (const AlgorithmInfo& a : algorithm_table()) {
+      if (a.coll != Coll::AllReduce) continue;
+      ASSERT_LT(i, c->candidates.size());
+      const Candidate& cand = c->candidates[i++];
+      EXPECT_EQ(cand.algorithm, &a);
+      if (!cand.applicable) {
+        EXPECT_FALSE(cand.note.empty()) << a.name;
+        continue;
+      }
+      auto prog = get_program(a, {8, 0, 1, t.host_of_rank()});
+      EXPECT_EQ(cand.predicted_s, simulate(*prog, t, count, 4).seconds) << a.name;
+      best = std::min(best, cand.predicted_s);
+    }
+    EXPECT_EQ(i, c->candidates.size());
+    EXPECT_LE(c->predicted_s, best * 1.03);
+    ASSERT_NE(c->program, nullptr);
+    EXPECT_EQ(c->program->algorithm, c->algorithm->name);
+    EXPECT_TRUE(has(c->why, "cost model")) << c->why;
+  }
+  // One-shot is one hop: it wins small all-reduces; the ring moves 2(N-1)/N of the data instead of N-1 times it.
+  EXPECT_STREQ(sel.choose(Coll::AllReduce, 1, 4, 0)->algorithm->name, "oneshot");
+  EXPECT_STREQ(sel.choose(Coll::AllReduce, 1 << 22, 4, 0)->algorithm->name, "ring");
+}
+
+TEST(Selector, PerCallBeatsOverrideBeatsModel) {
+  const topo::Topology t = one_host(4);
+  Selector sel(t, {}, 1, parse_algo_overrides("allreduce:0-64K:ring"));
+  // Small: the model would pick one-shot; CHORUS_ALGO says ring.
+  auto c = sel.choose(Coll::AllReduce, 16, 4, 0);
+  EXPECT_STREQ(c->algorithm->name, "ring");
+  EXPECT_EQ(c->reason, ChoiceReason::Override);
+  EXPECT_TRUE(has(c->why, "allreduce:0-64K:ring")) << c->why;
+  // The call names one-shot: that wins over CHORUS_ALGO.
+  c = sel.choose(Coll::AllReduce, 16, 4, 0, "oneshot");
+  EXPECT_STREQ(c->algorithm->name, "oneshot");
+  EXPECT_EQ(c->reason, ChoiceReason::PerCall);
+  // Outside the rule's range: the model.
+  c = sel.choose(Coll::AllReduce, 1 << 20, 4, 0);
+  EXPECT_EQ(c->reason, ChoiceReason::CostModel);
+  // An empty per-call name is no name.
+  EXPECT_EQ(sel.choose(Coll::AllReduce, 16, 4, 0, "")->reason, ChoiceReason::Override);
+
+  Selector plain(t, {}, 1);
+  EXPECT_STREQ(plain.choose(Coll::AllReduce, 16, 4, 0)->algorithm->name, "oneshot");
+  EXPECT_EQ(plain.choose(Coll::AllReduce, 16, 4, 0)->reason, ChoiceReason::CostModel);
+}
+
+TEST(Selector, UnknownNamesAreErrors) {
+  Selector sel(one_host(4), {}, 1);
+  std::string e = invalid_text([&] { sel.choose(Coll::AllReduce, 16, 4, 0, "tree9"); });
+  EXPECT_TRUE(has(e, "unknown algorithm 'tree9' for AllReduce")) << e;
+  EXPECT_TRUE(has(e, algorithm_names(Coll::AllReduce))) << e;
+  e = invalid_text([&] { sel.choose(Coll::AllGather, 16, 4, 0, "pairwise"); });
+  EXPECT_TRUE(has(e, "(known: " + algorithm_names(Coll::AllGather) + ")")) << e;
+  invalid_text([&] { sel.choose(Coll::Broadcast, 16, 4, 7); });  // root out of range
+  invalid_text([&] { sel.choose(Coll::SendRecv, 16, 4, 0); });
+}
+
+TEST(Selector, MemoizesDecisions) {
+  Selector sel(one_host(8), {}, 2);
+  auto a = sel.choose(Coll::AllGather, 1000, 4, 0);
+  auto b = sel.choose(Coll::AllGather, 1000, 4, 0);
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_NE(sel.choose(Coll::AllGather, 1001, 4, 0).get(), a.get());
+  EXPECT_NE(sel.choose(Coll::AllGather, 1000, 2, 0).get(), a.get());
+  // Root is part of the key only where it matters.
+  EXPECT_EQ(sel.choose(Coll::AllGather, 1000, 4, 3).get(), a.get());
+  EXPECT_NE(sel.choose(Coll::Broadcast, 1000, 4, 3).get(), sel.choose(Coll::Broadcast, 1000, 4, 0).get());
+  // From many threads at once: one decision.
+  std::vector<std::thread> threads;
+  std::vector<const Choice*> got(8);
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&, i] { got[static_cast<size_t>(i)] = sel.choose(Coll::AllReduce, 12345, 4, 0).get(); });
+  for (auto& th : threads) th.join();
+  for (const Choice* c : got) EXPECT_EQ(c, got[0]);
+}
+
+TEST(Selector, NearTiesPreferTheEarlierEntry) {
+  const AlgorithmInfo* a = &algorithm_table()[0];
+  const AlgorithmInfo* b = &algorithm_table()[1];
+  auto cand = [](const AlgorithmInfo* info, bool ok, double s) { return Candidate{info, ok, s, ""}; };
+  EXPECT_EQ(pick_candidate({cand(a, true, 1.02), cand(b, true, 1.00)}), 0);  // 2% faster: not enough
+  EXPECT_EQ(pick_candidate({cand(a, true, 1.03), cand(b, true, 1.00)}), 0);  // exactly 3%
+  EXPECT_EQ(pick_candidate({cand(a, true, 1.04), cand(b, true, 1.00)}), 1);  // 4%: the later one wins
+  EXPECT_EQ(pick_candidate({cand(a, false, 0.5), cand(b, true, 1.00)}), 1);  // not applicable never wins
+  EXPECT_EQ(pick_candidate({cand(a, false, 0.5), cand(b, false, 1.00)}), -1);
+  EXPECT_EQ(pick_candidate({cand(a, true, 0.9), cand(b, true, 1.00)}), 0);
+}
+
+TEST(Selector, AlgorithmsThatDoNotApplyAreSkipped) {
+  // On one host, hierarchical programs (when the table has them) refuse; they are listed, not chosen.
+  Selector sel(one_host(8), {}, 1);
+  for (Coll coll : {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce,
+                    Coll::AllToAll}) {
+    auto c = sel.choose(coll, 4096, 4, 0);
+    ASSERT_NE(c->algorithm, nullptr);
+    for (const Candidate& cand : c->candidates) {
+      if (!cand.applicable) {
+        EXPECT_NE(cand.algorithm, c->algorithm);
+        EXPECT_TRUE(has(cand.note, "does not apply")) << cand.note;
+        const std::string e =
+            invalid_text([&] { sel.choose(coll, 4096, 4, 0, cand.algorithm->name); });  // forced: an error
+        EXPECT_TRUE(has(e, cand.algorithm->name)) << e;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace chorus::algo
