@@ -15,7 +15,7 @@ namespace chorus::algo {
 
 namespace {
 
-constexpr double kNearTie = 1.03;           // another candidate must be more than 3% faster to win
+constexpr double kNearTie = 1.03;             // another candidate must be more than 3% faster to win
 constexpr size_t kMemoMax = size_t{1} << 16;  // decisions kept; the memo starts over beyond this
 
 constexpr Coll kSpecColls[] = {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast,

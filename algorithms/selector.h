@@ -73,11 +73,11 @@ struct Candidate {
 
 struct Choice {
   const AlgorithmInfo* algorithm = nullptr;  // from algorithm_table()
-  std::shared_ptr<const Program> program;     // its program for this communicator (from get_program)
-  double predicted_s = 0;                     // the chosen program's simulated seconds
+  std::shared_ptr<const Program> program;    // its program for this communicator (from get_program)
+  double predicted_s = 0;                    // the chosen program's simulated seconds
   ChoiceReason reason = ChoiceReason::CostModel;
-  std::string why;                  // one line for logs and chorus-plan
-  uint64_t bytes = 0;               // selection_bytes of the call
+  std::string why;                    // one line for logs and chorus-plan
+  uint64_t bytes = 0;                 // selection_bytes of the call
   std::vector<Candidate> candidates;  // every table entry of the collective, in table order
 };
 

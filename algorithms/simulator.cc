@@ -20,7 +20,7 @@ namespace {
 // out in cache lines: one line per rank, one per FIFO (plus one of its times), two per lane.
 
 constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
-constexpr int kPeerCache = 4;  // per lane and direction, direct-mapped by peer % 4
+constexpr int kPeerCache = 3;  // per lane and direction
 
 // Elements of every chunk of one buffer of one rank: chunk c has part_elems[c % parts] elements (all blocks of a
 // uniform buffer have the same size, so a part's size does not depend on its block).
@@ -66,16 +66,21 @@ struct alignas(64) LaneState {
   uint64_t bytes = 0;   // of the current step-slice
   uint32_t in_fifo = kNone, out_fifo = kNone;
   double cpu_busy = 0;  // local work done, seconds
-  uint16_t lane = 0;
   uint16_t channel = 0;
-  bool more = false;  // some step of this slice round has another slice
+  OpCode op = OpCode::Copy;  // of the current step: the step itself is not read again when it runs
+  bool more = false;         // some step of this slice round has another slice
   bool done = false;
-  // Second line: FIFOs of recently used peers; lanes mostly talk to one to three peers over and over.
-  int32_t recv_peer[kPeerCache] = {-1, -1, -1, -1};
+  uint8_t recv_next = 0, send_next = 0;  // peer cache entries to replace next (round robin)
+  // Second line: FIFOs of recently used peers (lanes mostly talk to one to three peers over and over), and what
+  // only error messages need.
+  int32_t recv_peer[kPeerCache] = {-1, -1, -1};
   uint32_t recv_fifo[kPeerCache] = {};
-  int32_t send_peer[kPeerCache] = {-1, -1, -1, -1};
+  int32_t send_peer[kPeerCache] = {-1, -1, -1};
   uint32_t send_fifo[kPeerCache] = {};
+  uint16_t lane = 0;
 };
+
+static_assert(sizeof(LaneState) == 128 && sizeof(Fifo) == 64 && sizeof(RankState) == 64);
 
 // Ordered by time, then by id: lane events (2 * lane) before injects (2 * fifo + 1) of the same index, lower
 // indices first. Any strict total order keeps runs deterministic; this one needs no sequence counter. Times are
@@ -283,8 +288,8 @@ class Sim {
 
     // Coarsening: K slices per step at most when the exact walk would exceed the budget. Counters are 32-bit, so
     // the budget is capped at 2^30 step-slices.
-    const int64_t budget = std::min<int64_t>(
-        int64_t{1} << 30, opt.max_step_slices > 0 ? opt.max_step_slices : std::max<int64_t>(65536, int64_t{1024} * n));
+    const int64_t budget =
+        std::min<int64_t>(int64_t{1} << 30, opt.max_step_slices > 0 ? opt.max_step_slices : default_step_slices(n));
     if (total_steps_ > budget) {
       max_slices_ = 1;
     } else {
@@ -463,13 +468,15 @@ class Sim {
   }
 
   uint32_t fifo_for(LaneState& ls, int32_t peer, bool receiving) {
-    const auto slot = static_cast<size_t>(peer) & (kPeerCache - 1);
-    int32_t& cached_peer = receiving ? ls.recv_peer[slot] : ls.send_peer[slot];
-    uint32_t& cached = receiving ? ls.recv_fifo[slot] : ls.send_fifo[slot];
-    if (peer == cached_peer) return cached;
-    cached = lookup_fifo(ls, peer, receiving);
-    cached_peer = peer;
-    return cached;
+    int32_t* peers = receiving ? ls.recv_peer : ls.send_peer;
+    uint32_t* fifos = receiving ? ls.recv_fifo : ls.send_fifo;
+    for (int i = 0; i < kPeerCache; ++i)
+      if (peers[i] == peer) return fifos[i];
+    uint8_t& next = receiving ? ls.recv_next : ls.send_next;
+    const int slot = next++ % kPeerCache;
+    fifos[slot] = lookup_fifo(ls, peer, receiving);
+    peers[slot] = peer;
+    return fifos[slot];
   }
 
   uint32_t lookup_fifo(const LaneState& ls, int32_t peer, bool receiving) {
@@ -518,6 +525,9 @@ class Sim {
     ls.bytes = static_cast<uint64_t>(std::min(e - begin, sl)) * esz_;
     ls.in_fifo = op_receives(s.op) ? fifo_for(ls, s.recv_peer, true) : kNone;
     ls.out_fifo = op_sends(s.op) ? fifo_for(ls, s.send_peer, false) : kNone;
+    ls.op = s.op;
+    // The lane reads its steps in order: fetch ahead, its next event is usually long after this one.
+    if (ls.step + 2 < ls.nsteps) __builtin_prefetch(&ls.steps[ls.step + 2]);
     return true;
   }
 
@@ -599,8 +609,7 @@ class Sim {
   // Runs the lane's current step-slice at `now`; true when that finished the lane.
   bool run_step_slice(uint32_t li, double now) {
     LaneState& ls = lanes_[li];
-    const Step& s = ls.steps[ls.step];
-    const double work = static_cast<double>(ls.bytes) * cpu_inv_[static_cast<size_t>(s.op)];
+    const double work = static_cast<double>(ls.bytes) * cpu_inv_[static_cast<size_t>(ls.op)];
     double end = now;
     if (work > 0) {
       double& cpu = ranks_[static_cast<size_t>(ls.rank)].cpu_free;
@@ -712,6 +721,8 @@ class Sim {
 };
 
 }  // namespace
+
+int64_t default_step_slices(int nranks) { return 32768 + int64_t{1024} * std::max(0, nranks - 64); }
 
 SimResult simulate(const Program& program, const topo::Topology& topology, size_t count, size_t elem_size,
                    const SimOptions& options) {

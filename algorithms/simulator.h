@@ -25,6 +25,9 @@
 //    CPU, egress or ingress is shared by two lanes or connections (one lane per rank or free local work; at most
 //    one connection through each limited host link), every time is a max-plus function of its predecessors and
 //    the walk runs without an event queue, in any order, with the same result.
+//  - Simplifications: a copy is charged even where the executor skips it (in place); all-to-allv is taken as
+//    uniform (`count` per peer); every rank has a CPU of its own (Host::cores is not consulted); a link class
+//    with bandwidth 0 is unlimited.
 //
 // Coarsening: simulating every slice of a big call on many ranks is slow. When the program has more
 // step-slices than `max_step_slices`, each step is simulated with at most K = max(1, max_step_slices / steps)
@@ -44,7 +47,7 @@ namespace chorus::algo {
 struct SimOptions {
   size_t slice_bytes = size_t{256} << 10;  // CHORUS_SLICE_BYTES: bytes per message (>= 1)
   int fifo_depth = 4;                      // CHORUS_FIFO_DEPTH: messages in flight per connection (>= 1)
-  // Step-slices simulated at most (see "Coarsening"); 0 = max(65536, 1024 * nranks).
+  // Step-slices simulated at most (see "Coarsening"); 0 = default_step_slices(nranks).
   int64_t max_step_slices = 0;
 };
 
@@ -54,8 +57,8 @@ struct SimResult {
   int64_t messages = 0;   // messages sent, all ranks (one per step-slice that sends)
   std::array<int64_t, topo::kLinkClasses> messages_per_class{};
   std::array<uint64_t, topo::kLinkClasses> bytes_per_class{};  // payload bytes sent per link class
-  int64_t step_slices = 0;    // step-slices simulated
-  int max_slices_per_step = 0;  // K of the coarsening; 0 when slicing is exact
+  int64_t step_slices = 0;                                     // step-slices simulated
+  int max_slices_per_step = 0;                                 // K of the coarsening; 0 when slicing is exact
   double cpu_busy_max_s = 0;  // the busiest rank's local work (copies and reductions), seconds
 };
 
@@ -64,6 +67,10 @@ struct SimResult {
 // Throws chorus::Error: chorusInvalidArgument when the topology's rank count differs from the program's, or
 // elem_size, slice_bytes or fifo_depth is 0; chorusInternalError when the program is malformed (peer or chunk
 // out of range) or deadlocks with this FIFO depth, naming the stuck ranks.
+// The default budget of simulated step-slices: 32768 up to 64 ranks (a few ms per prediction), then 1024 more per
+// rank (4096 ranks: 4.2M; a double binary tree keeps about 170 slices per step).
+int64_t default_step_slices(int nranks);
+
 SimResult simulate(const Program& program, const topo::Topology& topology, size_t count, size_t elem_size,
                    const SimOptions& options = {});
 

@@ -36,6 +36,10 @@ for setup in $setups; do
     echo "== $setup: tuning"
     run "$bin/chorus-tune" -o "$raw/tune-$setup.json" | tail -n 12
   fi
+  # The selector of the "auto" runs sees what chorus-plan sees: the setup's topology file (hosts and their shared
+  # 1 Gbit/s links) with the link costs just measured.
+  export CHORUS_TOPO_FILE=topologies/emu-$setup.json
+  if [ -f "$raw/tune-$setup.json" ]; then export CHORUS_TUNE_FILE=$raw/tune-$setup.json; else unset CHORUS_TUNE_FILE; fi
   for coll in allreduce allgather reducescatter; do
     for a in ${algos[$coll]} auto; do
       flag=()
@@ -52,6 +56,7 @@ for setup in $setups; do
     done
   done
   bash scripts/netns-hosts.sh down --prefix "$prefix" > /dev/null
+  unset CHORUS_TOPO_FILE CHORUS_TUNE_FILE
 done
 [ "${SKIP_TABLE:-0}" = 1 ] && exit 0
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)

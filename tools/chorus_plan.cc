@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
   int64_t slice_bytes = -1;
   double net_gbps = 0;
   bool verify_programs = false, why = false;
-  bool topo_given = false, tune_given = false;
+  bool topo_given = false, tune_given = false, synthetic_given = false;
 
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -126,8 +126,13 @@ int main(int argc, char** argv) {
     }
     std::string flag = a, value;
     const size_t eq = a.find('=');
-    if (a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      flag = a.substr(0, eq);
+    if (a.rfind("--", 0) == 0 && eq != std::string::npos) flag = a.substr(0, eq);
+    static const char* const kValueFlags[] = {"--coll",      "--bytes",       "--step",       "--dtype",    "--topo",
+                                              "--tune",      "--nranks",      "--hosts",      "--net-gbps", "--algo",
+                                              "--nchannels", "--slice-bytes", "--fifo-depth", "--root"};
+    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), flag) == std::end(kValueFlags))
+      usage_error(cat("unknown option '", a, "'"));
+    if (eq != std::string::npos) {
       value = a.substr(eq + 1);
     } else {
       if (i + 1 >= argc) usage_error(cat(a, " needs a value"));
@@ -152,9 +157,12 @@ int main(int argc, char** argv) {
       tune_given = true;
     } else if (flag == "--nranks") {
       nranks = parse_int_flag(f, value, 1, 1 << 20);
+      synthetic_given = true;
     } else if (flag == "--hosts") {
       hosts = parse_int_flag(f, value, 1, 1 << 20);
+      synthetic_given = true;
     } else if (flag == "--net-gbps") {
+      synthetic_given = true;
       char* end = nullptr;
       net_gbps = std::strtod(value.c_str(), &end);
       if (value.empty() || *end != '\0' || !(net_gbps >= 0))
@@ -170,8 +178,6 @@ int main(int argc, char** argv) {
       fifo_depth = parse_int_flag(f, value, 1, 1 << 16);
     } else if (flag == "--root") {
       root = parse_int_flag(f, value, 0, 1 << 20);
-    } else {
-      usage_error(cat("unknown option '", a, "'"));
     }
   }
 
@@ -209,6 +215,9 @@ int main(int argc, char** argv) {
     topo::Topology topology;
     std::string topo_what;
     if (!topo_file.empty()) {
+      if (synthetic_given)
+        usage_error(cat("--nranks, --hosts and --net-gbps describe a synthetic cluster; the topology comes from ",
+                        topo_given ? "--topo" : "CHORUS_TOPO_FILE", " here"));
       try {
         topology = topo::load_file(topo_file);
       } catch (const Error& e) {
@@ -240,7 +249,8 @@ int main(int argc, char** argv) {
     const char* spec = std::getenv("CHORUS_ALGO");
     if (spec && *spec) overrides = parse_algo_overrides(spec);
     if (!algo.empty() && find_algorithm(coll, algo) == nullptr)
-      usage_error(cat("--algo '", algo, "' is not an algorithm of ", coll_text, " (known: ", algorithm_names(coll), ")"));
+      usage_error(
+          cat("--algo '", algo, "' is not an algorithm of ", coll_text, " (known: ", algorithm_names(coll), ")"));
     Selector selector(topology, sim, nch, overrides);
 
     std::printf("# chorus-plan: %s, %s, %d ranks on %d host(s), %d channel(s), slice %s, fifo depth %d\n",
@@ -274,7 +284,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> notes;
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t count : counts) {
-      const auto choice = selector.choose(coll, count, esz, static_cast<int>(root), algo.empty() ? nullptr : algo.c_str());
+      const auto choice =
+          selector.choose(coll, count, esz, static_cast<int>(root), algo.empty() ? nullptr : algo.c_str());
       std::printf("  %12llu %12zu", static_cast<unsigned long long>(choice->bytes), count);
       for (const Candidate& c : choice->candidates) {
         if (!c.applicable) {
@@ -302,8 +313,10 @@ int main(int argc, char** argv) {
           VerifyResult v = verify(*prog, {in_place, sim.fifo_depth});
           std::printf("# verify %s (%s): %s", name.c_str(), in_place ? "in place" : "out of place",
                       v.ok ? "ok" : "FAILED");
-          if (v.ok) std::printf(", %lld messages\n", static_cast<long long>(v.messages));
-          else std::printf(": %s\n", v.error.c_str());
+          if (v.ok)
+            std::printf(", %lld messages\n", static_cast<long long>(v.messages));
+          else
+            std::printf(": %s\n", v.error.c_str());
           failures += v.ok ? 0 : 1;
         }
       }

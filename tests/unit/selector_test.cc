@@ -211,8 +211,8 @@ TEST(Selector, NearTiesPreferTheEarlierEntry) {
 TEST(Selector, AlgorithmsThatDoNotApplyAreSkipped) {
   // On one host, hierarchical programs (when the table has them) refuse; they are listed, not chosen.
   Selector sel(one_host(8), {}, 1);
-  for (Coll coll : {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce,
-                    Coll::AllToAll}) {
+  for (Coll coll :
+       {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce, Coll::AllToAll}) {
     auto c = sel.choose(coll, 4096, 4, 0);
     ASSERT_NE(c->algorithm, nullptr);
     for (const Candidate& cand : c->candidates) {

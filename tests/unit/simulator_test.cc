@@ -172,6 +172,24 @@ TEST(Simulator, MonotonicInSizeAndDeterministic) {
   }
 }
 
+TEST(Simulator, QueueAndDataflowWalksAgree) {
+  // Without shared servers the walk runs without an event queue; a host link limit too large to matter forces
+  // the queue (two connections leave each host) and must give the same times.
+  const topo::LinkParams local{1e-6, 8e9}, net{4e-6, 3e9};
+  for (const char* name : {"ring", "tree", "hier"}) {
+    const AlgorithmInfo* a = find_algorithm(Coll::AllReduce, name);
+    if (a == nullptr) continue;
+    topo::Topology free_net = cluster(2, 4, local, net);
+    const Program p = a->generate({8, 0, 2, free_net.host_of_rank()});
+    for (size_t count : {size_t{1}, size_t{1} << 20}) {
+      const SimResult dataflow = simulate(p, free_net, count, 4);
+      const SimResult queued = simulate(p, cluster(2, 4, local, net, 1e30, 1e30), count, 4);
+      EXPECT_NEAR(queued.seconds, dataflow.seconds, dataflow.seconds * 1e-12) << name << " count=" << count;
+      EXPECT_EQ(queued.messages, dataflow.messages);
+    }
+  }
+}
+
 TEST(Simulator, DeadlocksAreErrors) {
   // The ring all-reduce needs two slots: with one, every rank holds its slot and waits for the next one's.
   const Program p = ring_allreduce({4, 0, 1});
@@ -225,8 +243,8 @@ TEST(Simulator, CoarseningKeepsRingPredictions) {
   SimOptions exact;
   exact.max_step_slices = int64_t{1} << 30;
   SimOptions coarse;
-  const int steps = 8 * 15;               // 8 ranks x (2(N-1) + 1) steps
-  coarse.max_step_slices = steps * 8;     // 8 slices per step
+  const int steps = 8 * 15;            // 8 ranks x (2(N-1) + 1) steps
+  coarse.max_step_slices = steps * 8;  // 8 slices per step
   SimResult e = simulate(p, t, count, 4, exact), c = simulate(p, t, count, 4, coarse);
   EXPECT_EQ(e.max_slices_per_step, 0);
   EXPECT_EQ(c.max_slices_per_step, 8);
