@@ -22,6 +22,12 @@ Program oneshot_barrier(const ProgramParams& p) {
   prog.coll = Coll::Barrier;
   return prog;
 }
+Program tree_barrier(const ProgramParams& p) {
+  // A zero-byte double-binary-tree all-reduce: the roots hear from every rank before anyone is released.
+  Program prog = tree_allreduce(p);
+  prog.coll = Coll::Barrier;
+  return prog;
+}
 
 constexpr AlgorithmInfo kAlgorithms[] = {
     {0, Coll::AllReduce, "ring", "ring reduce-scatter then all-gather, 2(N-1) steps (Patarasuk & Yuan 2009)",
@@ -63,7 +69,16 @@ constexpr AlgorithmInfo kAlgorithms[] = {
      hier_reduce_scatter},
     {22, Coll::AllToAll, "hier", "two-level: via the host member matching the destination's local index",
      hier_alltoall},
+    {23, Coll::Barrier, "tree", "zero-byte double-binary-tree all-reduce: 2 log2(N) hops, for any N", tree_barrier},
 };
+
+constexpr bool ids_are_indices() {
+  for (size_t i = 0; i < std::size(kAlgorithms); ++i)
+    if (kAlgorithms[i].id != static_cast<int>(i)) return false;
+  return true;
+}
+// The wire header carries the id and error messages index the table with it.
+static_assert(ids_are_indices(), "algorithm ids must equal their index in the table");
 }  // namespace
 
 Program new_program(Coll coll, const char* name, const ProgramParams& p) {

@@ -37,6 +37,9 @@ const AlgorithmInfo& default_algorithm(Coll coll);
 // Cached program for (coll, algorithm, params); thread-safe; programs are immutable once built.
 std::shared_ptr<const Program> get_program(const AlgorithmInfo& algo, const ProgramParams& params);
 
+// One-shot programs send N(N-1) messages: generated for at most this many ranks.
+constexpr int kOneShotMaxRanks = 64;
+
 // An empty program of `coll` for p.nranks ranks (each generator starts from it). Throws std::invalid_argument on
 // bad parameters.
 Program new_program(Coll coll, const char* name, const ProgramParams& p);

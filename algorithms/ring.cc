@@ -53,6 +53,8 @@ Program ring_allreduce(const ProgramParams& p) {
 }
 
 Program oneshot_allreduce(const ProgramParams& p) {
+  if (p.nranks > kOneShotMaxRanks)
+    throw std::invalid_argument("one-shot sends every input to every rank: at most 64 ranks");
   Program prog = make(Coll::AllReduce, "oneshot", p);
   const int n = p.nranks, nch = p.nchannels;
   auto acc = [](int c) { return ChunkRef{BufKind::Scratch, c}; };

@@ -22,7 +22,7 @@ mkdir -p "$raw"
 trap 'bash scripts/netns-hosts.sh down --prefix "$prefix" > /dev/null || true' EXIT
 
 declare -A tool=([allreduce]=all_reduce_perf [allgather]=all_gather_perf [reducescatter]=reduce_scatter_perf)
-declare -A algos=([allreduce]="ring tree rhd hier" [allgather]="ring rhd bruck pat hier"
+declare -A algos=([allreduce]="ring oneshot tree rhd hier" [allgather]="ring rhd bruck pat hier"
   [reducescatter]="ring rhd pat hier")
 for setup in $setups; do
   hosts=${setup%x*}

@@ -16,8 +16,9 @@
 //     best of several runs.
 //  5. Collectives see more than one flow does: with every rank running (and, on small machines, more ranks than
 //     cores) each message also pays for the call, the executor and the scheduler. A ring all-reduce of nranks
-//     floats on all ranks is timed, and one extra latency d, the same for every class, is found (by bisection) with
-//     which the simulator predicts that time. The file's alpha per class is pair alpha + d. A tree all-reduce of
+//     floats on all ranks is timed, and one extra latency d for the dearest class present (network with several
+//     hosts: its hops are what the scheduler delays most) is found (by bisection) with which the simulator predicts
+//     that time. The file's alpha is pair alpha (+ d for that class). A tree all-reduce of
 //     the same size and a ring all-reduce of up to 1 MiB are timed too and predicted with the written values, as
 //     a check that is printed and recorded.
 // Rank 0 writes the file atomically (a temporary beside it, renamed over it) and prints a table.
@@ -421,16 +422,26 @@ double predict(const algo::Program& prog, const topo::Topology& t, size_t count)
   return algo::simulate(prog, t, count, sizeof(float), sim_options()).seconds;
 }
 
-// The extra latency d per message (the same for every class present) with which the simulator predicts
-// `measured_s` for `prog`: bisection, since the prediction grows with every alpha. Clamped to
+// The dearest link class measured: the one the surcharge goes to.
+topo::LinkClass dearest_class(const std::vector<ClassResult>& classes) {
+  topo::LinkClass dear = topo::LinkClass::SameProcess;
+  for (const ClassResult& c : classes) dear = std::max(dear, c.cls);
+  return dear;
+}
+
+// The extra latency d per message of the dearest class present (network when there are several hosts) with which the
+// simulator predicts `measured_s` for `prog`: bisection, since the prediction grows with every alpha. Clamped to
 // [-0.9 * smallest pair alpha, measured_s].
 double calibrate_surcharge(const algo::Program& prog, const topo::Topology& base, std::vector<ClassResult>& classes,
                            size_t count, double measured_s) {
+  const topo::LinkClass dear = dearest_class(classes);
   double min_alpha = std::numeric_limits<double>::infinity();
-  for (const ClassResult& c : classes) min_alpha = std::min(min_alpha, c.fit.alpha_s);
+  for (const ClassResult& c : classes)
+    if (c.cls == dear) min_alpha = c.fit.alpha_s;
   auto predict_with = [&](double d) {
     topo::Topology t = base;
-    for (const ClassResult& c : classes) t.links[static_cast<size_t>(c.cls)].alpha_s = c.fit.alpha_s + d;
+    for (const ClassResult& c : classes)
+      t.links[static_cast<size_t>(c.cls)].alpha_s = c.fit.alpha_s + (c.cls == dear ? d : 0.0);
     return predict(prog, t, count);
   };
   double lo = -0.9 * min_alpha, hi = measured_s;
@@ -536,8 +547,9 @@ constexpr const char* kMethod =
     "(powers of 4) while every other rank waits in a barrier; one-way time = fastest round trip / 2 (sweep: "
     "[bytes, fastest, median] us); pair alpha = median one-way time of the sizes <= 1 KiB; bandwidth_GBps = 1 / slope "
     "through the sizes >= max-bytes/64 "
-    "(Theil-Sen: median of the slopes between every two of them). links.*.alpha_us = pair alpha + d, one d for "
-    "every class, found so that the simulator predicts the measured time of a ring all-reduce of nranks floats run "
+    "(Theil-Sen: median of the slopes between every two of them). links.*.alpha_us = pair alpha, plus d for "
+    "the dearest class present (network when there are several hosts), found so that the simulator predicts the "
+    "measured time of a ring all-reduce of nranks floats run "
     "by all ranks at once (median over rounds of the slowest rank's time of a call started from a barrier): the "
     "per-message cost of the call, the executor and the scheduler when every rank is active. reduce_GBps: the "
     "library's float32 sum a + b -> c, copy_GBps: memcpy; 4 MiB, rank 0, best of 10.";
@@ -651,8 +663,9 @@ int run(Job& job, const Options& opt) {
     const auto tree = all_reduce_program(base, "tree");
     topo::Topology pair_only = tuned;
     surcharge_s = calibrate_surcharge(*ring, tuned, classes, small_count, checks[1].measured_s);
+    const topo::LinkClass dear = dearest_class(classes);
     for (ClassResult& c : classes) {
-      c.alpha_s = c.fit.alpha_s + surcharge_s;
+      c.alpha_s = c.fit.alpha_s + (c.cls == dear ? surcharge_s : 0.0);
       tuned.links[static_cast<size_t>(c.cls)].alpha_s = c.alpha_s;
     }
     for (size_t i = 1; i < checks.size(); ++i) {
@@ -680,8 +693,9 @@ int run(Job& job, const Options& opt) {
   std::printf("reduce %.3g GB/s, copy %.3g GB/s (rank 0, %s, best of %d)\n", k.reduce_Bps / 1e9, k.copy_Bps / 1e9,
               human_bytes(kKernelBytes).c_str(), kKernelRuns);
   if (!checks.empty())
-    std::printf("barrier %.1f us; per-message surcharge in collectives d = %.2f us (alpha = pair alpha + d)\n",
-                checks[0].measured_s * 1e6, surcharge_s * 1e6);
+    std::printf(
+        "barrier %.1f us; per-message surcharge in collectives d = %.2f us (dearest class: alpha = pair alpha + d)\n",
+        checks[0].measured_s * 1e6, surcharge_s * 1e6);
 
   if (!classes.empty()) {
     std::printf(

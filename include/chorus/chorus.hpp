@@ -83,6 +83,18 @@ constexpr chorusDataType_t dtype_of() {
 
 enum class Op : int { Sum = chorusSum, Prod = chorusProd, Max = chorusMax, Min = chorusMin, Avg = chorusAvg };
 
+// Per-call options of the blocking collectives (chorusCollOptions_t). `algorithm`: a name chorus-info lists for the
+// collective ("ring", "tree", "rhd", "bruck", "pat", "hier", ...), or nullptr for the selector's choice; every rank
+// must pass the same. An unknown name throws CommError (chorusInvalidArgument) listing the known ones.
+struct CallOptions {
+  const char* algorithm = nullptr;
+  chorusCollOptions_t c() const {
+    chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
+    o.algorithm = algorithm;
+    return o;
+  }
+};
+
 class UniqueId {
  public:
   // Starts the rendezvous service in this process (keep it alive until every rank has joined).
@@ -171,37 +183,44 @@ class Comm {
   // Sizes are element counts of the spans: all_reduce: in.size() == out.size(); all_gather: out = size() * in;
   // reduce_scatter: in = size() * out; all_to_all: in.size() == out.size() == size() * per-peer count.
   template <typename T>
-  void all_reduce(std::span<const T> in, std::span<T> out, Op op = Op::Sum) {
+  void all_reduce(std::span<const T> in, std::span<T> out, Op op = Op::Sum, const CallOptions& opt = {}) {
     expect(in.size() == out.size(), "all_reduce: in and out sizes differ");
-    check(chorusAllReduce(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), c_, nullptr), c_);
+    const chorusCollOptions_t o = opt.c();
+    check(chorusAllReduceEx(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), &o, c_, nullptr), c_);
   }
   template <typename T>
-  void all_reduce(std::span<T> inout, Op op = Op::Sum) {
-    check(chorusAllReduce(inout.data(), inout.data(), inout.size(), dtype_of<T>(), red(op), c_, nullptr), c_);
+  void all_reduce(std::span<T> inout, Op op = Op::Sum, const CallOptions& opt = {}) {
+    const chorusCollOptions_t o = opt.c();
+    check(chorusAllReduceEx(inout.data(), inout.data(), inout.size(), dtype_of<T>(), red(op), &o, c_, nullptr), c_);
   }
   template <typename T>
-  void broadcast(std::span<T> buf, int root) {
-    check(chorusBroadcast(buf.data(), buf.data(), buf.size(), dtype_of<T>(), root, c_, nullptr), c_);
+  void broadcast(std::span<T> buf, int root, const CallOptions& opt = {}) {
+    const chorusCollOptions_t o = opt.c();
+    check(chorusBroadcastEx(buf.data(), buf.data(), buf.size(), dtype_of<T>(), root, &o, c_, nullptr), c_);
   }
   template <typename T>
-  void reduce(std::span<const T> in, std::span<T> out, int root, Op op = Op::Sum) {
-    check(chorusReduce(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), root, c_, nullptr), c_);
+  void reduce(std::span<const T> in, std::span<T> out, int root, Op op = Op::Sum, const CallOptions& opt = {}) {
+    const chorusCollOptions_t o = opt.c();
+    check(chorusReduceEx(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), root, &o, c_, nullptr), c_);
   }
   template <typename T>
-  void all_gather(std::span<const T> in, std::span<T> out) {
+  void all_gather(std::span<const T> in, std::span<T> out, const CallOptions& opt = {}) {
     expect(out.size() == in.size() * static_cast<size_t>(size()), "all_gather: out must hold size() * in");
-    check(chorusAllGather(in.data(), out.data(), in.size(), dtype_of<T>(), c_, nullptr), c_);
+    const chorusCollOptions_t o = opt.c();
+    check(chorusAllGatherEx(in.data(), out.data(), in.size(), dtype_of<T>(), &o, c_, nullptr), c_);
   }
   template <typename T>
-  void reduce_scatter(std::span<const T> in, std::span<T> out, Op op = Op::Sum) {
+  void reduce_scatter(std::span<const T> in, std::span<T> out, Op op = Op::Sum, const CallOptions& opt = {}) {
     expect(in.size() == out.size() * static_cast<size_t>(size()), "reduce_scatter: in must hold size() * out");
-    check(chorusReduceScatter(in.data(), out.data(), out.size(), dtype_of<T>(), red(op), c_, nullptr), c_);
+    const chorusCollOptions_t o = opt.c();
+    check(chorusReduceScatterEx(in.data(), out.data(), out.size(), dtype_of<T>(), red(op), &o, c_, nullptr), c_);
   }
   template <typename T>
-  void all_to_all(std::span<const T> in, std::span<T> out) {
+  void all_to_all(std::span<const T> in, std::span<T> out, const CallOptions& opt = {}) {
     const size_t n = static_cast<size_t>(size());
     expect(in.size() == out.size() && in.size() % n == 0, "all_to_all: sizes must be equal multiples of size()");
-    check(chorusAllToAll(in.data(), out.data(), in.size() / n, dtype_of<T>(), c_, nullptr), c_);
+    const chorusCollOptions_t o = opt.c();
+    check(chorusAllToAllEx(in.data(), out.data(), in.size() / n, dtype_of<T>(), &o, c_, nullptr), c_);
   }
   void barrier() { check(chorusBarrier(c_, nullptr), c_); }
   template <typename T>

@@ -122,6 +122,50 @@ TEST(BadInput, PeerOutOfRange) {
              chorusInvalidArgument, "peer");
 }
 
+TEST(BadInput, UnknownAlgorithmOrOptionsSize) {
+  expect_bad(
+      [](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        chorusCollOptions_t opt = CHORUS_COLL_OPTIONS_INIT;
+        opt.algorithm = "bruck";  // an all-gather / all-to-all algorithm, not an all-reduce one
+        return chorusAllReduceEx(in.data(), out.data(), 16, chorusFloat32, chorusSum, &opt, c, nullptr);
+      },
+      chorusInvalidArgument, "options->algorithm='bruck' is not an algorithm for AllReduce (known: ring, oneshot");
+  expect_bad(
+      [](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        chorusCollOptions_t opt = CHORUS_COLL_OPTIONS_INIT;
+        opt.size = 4;
+        return chorusAllGatherEx(in.data(), out.data(), 4, chorusFloat32, &opt, c, nullptr);
+      },
+      chorusInvalidArgument, "options->size=4");
+}
+
+TEST(BadInput, BadAlgoOverridesFailInitNamingTheVariable) {
+  ScopedEnv algo("CHORUS_ALGO", "allreduce:0-64K:tree,64K-:nosuch");
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t comm = nullptr;
+  EXPECT_EQ(chorusCommInitRank(&comm, 1, id, 0), chorusInvalidArgument);
+  const std::string err = chorusGetLastError(nullptr);
+  EXPECT_NE(err.find("CHORUS_ALGO"), std::string::npos) << err;
+  EXPECT_NE(err.find("nosuch"), std::string::npos) << err;
+}
+
+// Ranks that force different algorithms for one call are told so (both fingerprints name the algorithm) instead of
+// exchanging messages of two different programs.
+TEST(Communicator, DifferentAlgorithmsForOneCallAreAMismatch) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "20000");
+  World w(3);
+  w.run([&](int r, chorusComm_t c) {
+    std::vector<float> v(4096, 1.0f);
+    chorusCollOptions_t opt = CHORUS_COLL_OPTIONS_INIT;
+    opt.algorithm = r == 0 ? "ring" : "tree";
+    chorusResult_t res = chorusAllReduceEx(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, &opt, c, nullptr);
+    EXPECT_NE(res, chorusSuccess);
+    const std::string err = chorusGetLastError(c);
+    EXPECT_NE(err.find("algorithm="), std::string::npos) << err;
+  });
+}
+
 TEST(BadInput, CountWhoseByteSizeOverflows) {
   expect_bad(
       [](int, chorusComm_t c, Guarded& in, Guarded& out) {
@@ -496,6 +540,14 @@ TEST(CppApi, CommAndRequests) {
       req.wait();
       EXPECT_EQ(full[11], 2);
       EXPECT_THROW(comm.all_gather(std::span<const int32_t>(shard), std::span<int32_t>(shard)), chorus::CommError);
+      // A per-call algorithm.
+      std::vector<float> y(1000, static_cast<float>(r + 1));
+      comm.all_reduce(std::span<float>(y), chorus::Op::Sum, chorus::CallOptions{"tree"});
+      EXPECT_EQ(y[999], 6.0f);
+      comm.all_gather(std::span<const int32_t>(shard), std::span<int32_t>(full), chorus::CallOptions{"bruck"});
+      EXPECT_EQ(full[5], 1);
+      EXPECT_THROW(comm.all_reduce(std::span<float>(y), chorus::Op::Sum, chorus::CallOptions{"nope"}),
+                   chorus::CommError);
     });
   for (auto& t : threads) t.join();
 }

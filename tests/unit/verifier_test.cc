@@ -2,6 +2,8 @@
 // in place and out of place), and catches broken programs.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "algorithms/algorithms.h"
 #include "algorithms/verifier.h"
 
@@ -109,8 +111,8 @@ void prove_hierarchical(const std::vector<int>& per_host, int nch) {
       VerifyResult res = verify(prog, {in_place, 2});
       std::string shape;
       for (int m : per_host) shape += std::to_string(m) + " ";
-      ASSERT_TRUE(res.ok) << coll_name(algo.coll) << " hosts [" << shape << "] nch=" << nch
-                          << " in_place=" << in_place << ": " << res.error;
+      ASSERT_TRUE(res.ok) << coll_name(algo.coll) << " hosts [" << shape << "] nch=" << nch << " in_place=" << in_place
+                          << ": " << res.error;
     }
   }
 }
@@ -138,6 +140,25 @@ TEST(Verifier, HierarchicalInterleavedPlacement) {
     VerifyResult res = verify(algo.generate({12, 0, 1, hor}), {false, 2});
     EXPECT_TRUE(res.ok) << coll_name(algo.coll) << ": " << res.error;
   }
+}
+
+// The all-reduce programs chorus-plan chooses for 512 hosts x 8 GPUs (topologies/cluster-512x8.json; the choices
+// are in docs/perf/cluster-512x8-plan-*.md): the double binary tree for small sizes, proved at the full 4096
+// ranks; the hierarchical program for large ones. Programs whose size grows as N^2 (hierarchical, ring: every
+// rank has O(N) steps) are proved at 64 hosts x 8 = 512 ranks, the largest this test proves within its time
+// (about 10 s for one; 4096 ranks would take over ten minutes and ~1 GB per program).
+TEST(Verifier, ChosenProgramsForTheClusterAtScale) {
+  std::vector<int> hor;
+  for (int h = 0; h < 512; ++h) hor.insert(hor.end(), 8, h);
+  VerifyResult tree = verify(tree_allreduce({4096, 0, 1, hor}));
+  ASSERT_TRUE(tree.ok) << tree.error;
+  EXPECT_EQ(tree.messages, int64_t{4} * 4095);  // two trees, up and down, one message per edge
+  VerifyResult barrier = verify(algorithm_table()[23].generate({4096, 0, 1, hor}));
+  EXPECT_TRUE(barrier.ok) << barrier.error;
+  hor.resize(512);
+  VerifyResult hier = verify(hier_allreduce({512, 0, 1, hor}));
+  ASSERT_TRUE(hier.ok) << hier.error;
+  std::printf("proved: tree all-reduce and tree barrier at 4096 ranks (512 x 8), hier all-reduce at 512 (64 x 8)\n");
 }
 
 }  // namespace
