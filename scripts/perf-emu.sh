@@ -40,7 +40,9 @@ for setup in $setups; do
   # 1 Gbit/s links) with the link costs just measured.
   export CHORUS_TOPO_FILE=topologies/emu-$setup.json
   if [ -f "$raw/tune-$setup.json" ]; then export CHORUS_TUNE_FILE=$raw/tune-$setup.json; else unset CHORUS_TUNE_FILE; fi
-  for coll in allreduce allgather reducescatter; do
+  # ONLY_TUNE=1: refresh the tuning files of an existing run (the table is then regenerated from its records).
+  [ "${ONLY_TUNE:-0}" = 1 ] && colls="" || colls="allreduce allgather reducescatter"
+  for coll in $colls; do
     for a in ${algos[$coll]} auto; do
       flag=()
       [ "$a" = auto ] || flag=(-A "$a")
