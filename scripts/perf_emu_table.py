@@ -66,7 +66,7 @@ def main():
                "host, tcp between hosts, each host's link shaped by tbf to 1 Gbit/s each way). Predictions: "
                "`chorus-plan --topo topologies/emu-HxR.json --tune tune-HxR.json` with the link costs chorus-tune "
                "measured in the same run. busbw as nccl-tests defines it.")
-    pred_ok = pred_n = sel_ok = sel_n = 0
+    pred_ok = pred_n = sel_ok = sel_n = chosen_ok = chosen_n = 0
     misses = []
     for setup in args.setups.split():
         tune = os.path.join(args.raw, f"tune-{setup}.json")
@@ -115,6 +115,9 @@ def main():
                 ratio = times.get(ch, float("nan")) / times[fastest]
                 sel_n += 1
                 sel_ok += ratio <= 1.15
+                if ch in times and s in pred.get(ch, {}):
+                    chosen_n += 1
+                    chosen_ok += abs(pred[ch][s] - times[ch]) / times[ch] <= 0.30
                 auto = meas.get("auto", {}).get(s)
                 row += [fastest, ch, f"{ratio:.2f}", f"{auto['time_us']:.0f}" if auto else "-"]
                 out.append("| " + " | ".join(row) + " |")
@@ -133,6 +136,8 @@ def main():
     out += ["## Acceptance counts", "",
             f"- Predictions within 30% of the measurement: {pred_ok} of {pred_n} points "
             f"({100.0 * pred_ok / max(pred_n, 1):.0f}%; every algorithm, collective, size and setup).",
+            f"- Predictions of the program the selector chooses within 30% of its measurement: {chosen_ok} of "
+            f"{chosen_n} points ({100.0 * chosen_ok / max(chosen_n, 1):.0f}%; per setup, collective and size).",
             f"- Selector's choice within 15% of the fastest measured algorithm: {sel_ok} of {sel_n} points "
             f"({100.0 * sel_ok / max(sel_n, 1):.0f}%).", ""]
     if misses:
