@@ -1,6 +1,7 @@
 // Programs with a logarithmic number of rounds or tree depth:
 //  - double binary tree all-reduce / broadcast / reduce: two binary trees, each carrying half of the data, built
-//    so that (for all-reduce) the inner nodes of one are leaves of the other (Sanders, Speck and Traeff, "Two-tree
+//    so that (for all-reduce, exactly for 2^k - 1 ranks, mostly otherwise) the inner nodes of one are leaves of
+//    the other (Sanders, Speck and Traeff, "Two-tree
 //    algorithms for full bandwidth broadcast, reduction and scan", Parallel Computing 2009; the layout NCCL uses).
 //    The way up (reduce) and the way down (broadcast) run in separate lanes, so slices pipeline through both.
 //  - recursive halving / doubling all-reduce, reduce-scatter and all-gather for any rank count: the ranks beyond

@@ -10,6 +10,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace chorus::algo {
 
@@ -252,6 +253,8 @@ std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
     choice->predicted_s = c.predicted_s;
     choice->reason = reason;
     choice->why = std::move(why);
+    CHORUS_INFO(Algorithms, "%s(count=%zu, %zu-byte elements, %llu bytes): %s: %s", coll_name(key.coll), key.count,
+                key.elem_size, static_cast<unsigned long long>(choice->bytes), c.algorithm->name, choice->why.c_str());
     return std::shared_ptr<const Choice>(std::move(choice));
   };
 

@@ -2,8 +2,8 @@
 //
 // Precedence: an algorithm named for the call (per-call option) > a CHORUS_ALGO rule for the collective and size
 // > the cost model. The cost model simulates (simulator.h) every algorithm of the collective's table whose
-// generator accepts the communicator (a generator that throws std::invalid_argument, e.g. hierarchical on one
-// host, is not a candidate) and picks the fastest, preferring the earlier table entry unless another is predicted
+// generator accepts the communicator (a generator that throws std::invalid_argument, e.g. one-shot beyond 64
+// ranks, is not a candidate) and picks the fastest, preferring the earlier table entry unless another is predicted
 // more than 3% faster, so near-ties do not flip between sizes.
 //
 // Sizes are bytes as nccl-tests reports them (selection_bytes): all-reduce, broadcast, reduce: count * elem;

@@ -176,7 +176,9 @@ typedef struct {
   { sizeof(chorusCollOptions_t), NULL }
 
 /* The collectives above with per-call options (same arguments, same errors; plus chorusInvalidArgument for bad
- * options). */
+ * options, or an algorithm that does not apply to the communicator, e.g. "oneshot" beyond 64 ranks; the
+ * communicator stays usable). Non-blocking calls, all-to-allv and barrier take no options: they follow
+ * CHORUS_ALGO and the selector. */
 chorusResult_t chorusAllReduceEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                  chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
                                  chorusStream_t stream);

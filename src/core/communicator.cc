@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "algorithms/algorithms.h"
@@ -203,9 +204,20 @@ void CommImpl::validate(CollArgs& a) const {
   if (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) {
     if (a.root < 0 || a.root >= n) bad_arg(cat("root=", a.root, " is out of range [0, ", n, ")"));
   }
-  if (!a.algorithm.empty() && algo::find_algorithm(a.coll, a.algorithm) == nullptr)
-    bad_arg(cat("options->algorithm='", a.algorithm, "' is not an algorithm for ", algo::coll_name(a.coll),
-                " (known: ", algo::algorithm_names(a.coll), ")"));
+  if (!a.algorithm.empty()) {
+    const algo::AlgorithmInfo* info = algo::find_algorithm(a.coll, a.algorithm);
+    if (info == nullptr)
+      bad_arg(cat("options->algorithm='", a.algorithm, "' is not an algorithm for ", algo::coll_name(a.coll),
+                  " (known: ", algo::algorithm_names(a.coll), ")"));
+    // A program that does not apply (one-shot beyond 64 ranks) is a bad argument of this call, not a failure of
+    // the communicator. The program is cached, so the call that follows does not generate it again.
+    const bool rooted = a.coll == Coll::Broadcast || a.coll == Coll::Reduce;
+    try {
+      algo::get_program(*info, {n, rooted ? a.root : 0, nchannels_, selector_->topology().host_of_rank()});
+    } catch (const std::invalid_argument& e) {
+      bad_arg(cat("options->algorithm='", a.algorithm, "' does not apply to this communicator: ", e.what()));
+    }
+  }
   auto need = [&](const void* p, size_t bytes, const char* name) {
     if (p == nullptr && bytes > 0) bad_arg(cat(name, " is NULL with a non-zero count"));
   };

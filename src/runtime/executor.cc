@@ -203,13 +203,12 @@ class Run {
 
   // Sleeps until any socket of the call can move bytes: readable, or writable with bytes queued.
   void wait_sockets(int timeout_us) {
-    pollfd fds[64];
-    nfds_t n = 0;
+    fds_.clear();
     for (Connection* c : *p_.all_conns) {
-      if (c->poll_fd() < 0 || n == std::size(fds)) continue;
-      fds[n++] = {c->poll_fd(), static_cast<short>(POLLIN | (c->send_idle() ? 0 : POLLOUT)), 0};
+      if (c->poll_fd() < 0) continue;
+      fds_.push_back({c->poll_fd(), static_cast<short>(POLLIN | (c->send_idle() ? 0 : POLLOUT)), 0});
     }
-    poll(fds, n, std::max(1, timeout_us / 1000));
+    poll(fds_.data(), fds_.size(), std::max(1, timeout_us / 1000));
   }
 
   [[noreturn]] void timeout() {
@@ -337,7 +336,8 @@ class Run {
   const ExecPlan& p_;
   const algo::RankProgram& prog_;
   std::vector<LaneState> lanes_;
-  Blocked blocked_;  // what the last step that could not run waits for
+  Blocked blocked_;          // what the last step that could not run waits for
+  std::vector<pollfd> fds_;  // every socket of the call (a tree over tcp has many), reused between sleeps
 };
 
 }  // namespace

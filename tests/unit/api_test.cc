@@ -139,6 +139,23 @@ TEST(BadInput, UnknownAlgorithmOrOptionsSize) {
       chorusInvalidArgument, "options->size=4");
 }
 
+// One-shot is generated for at most 64 ranks: forcing it on 65 is a bad argument of that call, and the
+// communicator keeps working.
+TEST(BadInput, PerCallAlgorithmThatDoesNotApplyLeavesTheCommunicatorUsable) {
+  World w(65);
+  w.run([&](int r, chorusComm_t c) {
+    float x = 1.0f;
+    chorusCollOptions_t opt = CHORUS_COLL_OPTIONS_INIT;
+    opt.algorithm = "oneshot";
+    EXPECT_EQ(chorusAllReduceEx(&x, &x, 1, chorusFloat32, chorusSum, &opt, c, nullptr), chorusInvalidArgument);
+    const std::string err = chorusGetLastError(c);
+    EXPECT_NE(err.find("does not apply"), std::string::npos) << err;
+    EXPECT_EQ(x, 1.0f);
+    ASSERT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(x, 65.0f);
+  });
+}
+
 TEST(BadInput, BadAlgoOverridesFailInitNamingTheVariable) {
   ScopedEnv algo("CHORUS_ALGO", "allreduce:0-64K:tree,64K-:nosuch");
   chorusUniqueId id;

@@ -209,7 +209,7 @@ TEST(Selector, NearTiesPreferTheEarlierEntry) {
 }
 
 TEST(Selector, AlgorithmsThatDoNotApplyAreSkipped) {
-  // On one host, hierarchical programs (when the table has them) refuse; they are listed, not chosen.
+  // Programs whose generator refuses the communicator are listed as not applicable, not chosen.
   Selector sel(one_host(8), {}, 1);
   for (Coll coll :
        {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce, Coll::AllToAll}) {
