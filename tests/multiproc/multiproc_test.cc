@@ -10,35 +10,17 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/process.h"
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-// Runs a shell command line, capturing stdout and stderr.
-Result run(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+using chorus::test::count_of;
+using chorus::test::Result;
+using chorus::test::run;
 
 std::string launch(int n, const std::string& transports, const std::string& mode) {
   return "CHORUS_TRANSPORTS=" + transports + " " + CHORUSRUN + " -n " + std::to_string(n) + " --timeout 240 " +
          MP_WORKER + " " + mode;
-}
-
-int count_lines(const std::string& out, const std::string& needle) {
-  int c = 0;
-  for (size_t pos = 0; (pos = out.find(needle, pos)) != std::string::npos; pos += needle.size()) ++c;
-  return c;
 }
 
 class Matrix : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
@@ -47,7 +29,7 @@ TEST_P(Matrix, EveryRankChecksItsResults) {
   auto [transports, n] = GetParam();
   Result r = run(launch(n, transports, "matrix"));
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(count_lines(r.out, "cases passed"), n) << r.out;
+  EXPECT_EQ(count_of(r.out, "cases passed"), n) << r.out;
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
 }
 
@@ -64,19 +46,19 @@ class Fault : public ::testing::TestWithParam<std::string> {};
 TEST_P(Fault, KilledRankIsNamedByTheOthersAndLauncherFails) {
   Result r = run(launch(4, GetParam(), "kill"));
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_EQ(count_lines(r.out, "kill: error names rank 2"), 3) << r.out;
+  EXPECT_EQ(count_of(r.out, "kill: error names rank 2"), 3) << r.out;
 }
 
 TEST_P(Fault, MismatchedCountIsReportedEverywhereWithBothFingerprints) {
   Result r = run(launch(4, GetParam(), "mismatch-count"));
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(count_lines(r.out, "mismatch: reported with both fingerprints"), 4) << r.out;
+  EXPECT_EQ(count_of(r.out, "mismatch: reported with both fingerprints"), 4) << r.out;
 }
 
 TEST_P(Fault, MismatchedDtypeIsReportedEverywhereWithBothFingerprints) {
   Result r = run(launch(4, GetParam(), "mismatch-dtype"));
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(count_lines(r.out, "mismatch: reported with both fingerprints"), 4) << r.out;
+  EXPECT_EQ(count_of(r.out, "mismatch: reported with both fingerprints"), 4) << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Processes, Fault, ::testing::Values("shm", "tcp"));
@@ -84,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(Processes, Fault, ::testing::Values("shm", "tcp"));
 TEST(Bootstrap, ConnectionWithoutTheSecretIsRefusedAndLoggedAndTheJobCompletes) {
   Result r = run(launch(3, "shm,tcp", "intruder"));
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(count_lines(r.out, "smoke: job completed"), 3) << r.out;
+  EXPECT_EQ(count_of(r.out, "smoke: job completed"), 3) << r.out;
   // The root (in rank 0) logs every refusal at WARN, the default level.
   EXPECT_NE(r.out.find("[0]"), std::string::npos);
   EXPECT_TRUE(std::regex_search(r.out, std::regex("\\[0\\].*(refus|reject|dropp)", std::regex::icase))) << r.out;
@@ -100,7 +82,7 @@ TEST(Launcher, TorchrunEnvironment) {
                  " RANK=1 LOCAL_RANK=1 " + MP_WORKER + " smoke; s1=$?; wait $!; s0=$?; cat " + log0 + "; rm -f " +
                  log0 + "; exit $((s0 + s1))'");
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(count_lines(r.out, "smoke: job completed"), 2) << r.out;
+  EXPECT_EQ(count_of(r.out, "smoke: job completed"), 2) << r.out;
 }
 
 TEST(Launcher, ChorusrunPrefixesLinesAndFailsWhenARankFails) {

@@ -18,28 +18,15 @@
 
 #include "topology/topology.h"
 
+#include "tests/common/process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using chorus::topo::LinkClass;
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-// Runs a shell command line, capturing stdout and stderr.
-Result run(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+using chorus::test::Result;
+using chorus::test::run;
 
 // A fresh directory under the test temp dir, removed with everything in it.
 class TempDir {

@@ -16,31 +16,13 @@
 #include <tuple>
 #include <vector>
 
+#include "tests/common/process.h"
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-// Runs a shell command line, capturing stdout and stderr.
-Result run(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-int count_of(const std::string& out, const std::string& needle) {
-  int c = 0;
-  for (size_t pos = 0; (pos = out.find(needle, pos)) != std::string::npos; pos += needle.size()) ++c;
-  return c;
-}
+using chorus::test::count_of;
+using chorus::test::Result;
+using chorus::test::run;
 
 // Why these tests cannot run here, or "" when they can.
 std::string cannot_run() {
