@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
       nchannels = parse_int_flag(f, value, 1, 64);
     } else if (flag == "--slice-bytes") {
       slice_bytes = static_cast<int64_t>(parse_size_flag(f, value));
-      if (slice_bytes < 1) usage_error("--slice-bytes must be at least 1");
+      if (slice_bytes < 64) usage_error("--slice-bytes must be at least 64 (as CHORUS_SLICE_BYTES)");
     } else if (flag == "--fifo-depth") {
       fifo_depth = parse_int_flag(f, value, 1, 1 << 16);
     } else if (flag == "--root") {

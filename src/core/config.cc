@@ -34,7 +34,8 @@ constexpr ParamInfo kParams[] = {
      "it sleeps on the connection it waits for (with a CPU each, it spins 20 us instead)."},
     {Param::TopoFile, "CHORUS_TOPO_FILE", "string", "",
      "Topology file (JSON, docs/topology.md) that stands in for the real machine: hosts, NUMA nodes, GPUs, NICs, "
-     "rank placement and link costs. Default: discover each host with hwloc."},
+     "rank placement and link costs. Default: hosts told apart by the ranks' identities (host name, boot id, "
+     "network namespace), default link costs."},
     {Param::TopoDumpFile, "CHORUS_TOPO_DUMP_FILE", "string", "",
      "Rank 0 writes the topology it found (discovered or loaded) to this file, in the CHORUS_TOPO_FILE format."},
     {Param::TuneFile, "CHORUS_TUNE_FILE", "string", "",
