@@ -1,4 +1,5 @@
-// A helper for writing programs as sets of chains instead of per-rank step lists.
+// Helpers for writing programs: step constructors, and a builder for programs written as sets of chains instead
+// of per-rank step lists.
 //
 // A generator adds steps to (rank, lane) with a schedule key; finish() sorts every lane's steps by key (stable)
 // and writes the lanes. Two ranks that exchange several messages on one channel must order them the same way
@@ -15,6 +16,18 @@
 #include "algorithms/program.h"
 
 namespace chorus::algo {
+
+// Step and chunk constructors shared by the program generators.
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+inline ChunkRef in(int c) { return {BufKind::Input, c}; }
+inline ChunkRef out(int c) { return {BufKind::Output, c}; }
+inline ChunkRef scr(int c) { return {BufKind::Scratch, c}; }
+inline Step send(int peer, ChunkRef src) { return Step{OpCode::Send, -1, peer, src, {}, false}; }
+inline Step recv(int peer, ChunkRef dst, bool final = false) { return Step{OpCode::Recv, peer, -1, {}, dst, final}; }
+inline Step copy(ChunkRef src, ChunkRef dst, bool final) { return Step{OpCode::Copy, -1, -1, src, dst, final}; }
+inline Step recv_reduce(int peer, ChunkRef src, ChunkRef dst, bool final) {
+  return Step{OpCode::RecvReduce, peer, -1, src, dst, final};
+}
 
 // Lexicographic schedule position of a step within its lane.
 using Key = std::array<int32_t, 5>;

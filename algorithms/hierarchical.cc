@@ -27,10 +27,6 @@ namespace chorus::algo {
 
 namespace {
 
-ChunkRef in(int c) { return {BufKind::Input, c}; }
-ChunkRef out(int c) { return {BufKind::Output, c}; }
-ChunkRef scr(int c) { return {BufKind::Scratch, c}; }
-
 struct Hosts {
   std::vector<std::vector<int>> members;  // host -> ranks, ascending
   std::vector<int> host, local;           // rank -> host, local index
@@ -214,8 +210,8 @@ Program hier_reduce_scatter(const ProgramParams& prm) {
         b.chain_reduce(
             ch, Key{1, p, j, 0, 0}, path, [&](int) { return sc(blk, p); }, dst, true);
         if (last != blk) {
-          b.add(last, ch, Key{2, p, j, 0, 0}, Step{OpCode::Send, -1, blk, sc(blk, p), {}, false});
-          b.add(blk, ch, Key{2, p, j, 0, 0}, Step{OpCode::Recv, last, -1, {}, oc(p), false});
+          b.add(last, ch, Key{2, p, j, 0, 0}, send(blk, sc(blk, p)));
+          b.add(blk, ch, Key{2, p, j, 0, 0}, recv(last, oc(p)));
         }
       }
     }
@@ -255,20 +251,20 @@ Program hier_alltoall(const ProgramParams& prm) {
         } else if (hd == hx) {
           // Same host: direct, pairwise order by local distance t; the send of round t before its receive.
           const int t = (hs.local[d] - hs.local[x] + mx) % mx;
-          b.add(x, ch, Key{0, t, 0, 0, 0}, Step{OpCode::Send, -1, d, ib(d), {}, false});
-          b.add(d, ch, Key{0, t, 1, 0, 0}, Step{OpCode::Recv, x, -1, {}, ob(x), false});
+          b.add(x, ch, Key{0, t, 0, 0, 0}, send(d, ib(d)));
+          b.add(d, ch, Key{0, t, 1, 0, 0}, recv(x, ob(x)));
         } else {
           const int y = relay(x, d);
           ChunkRef at_relay = ib(d);
           if (y != x) {
             const int t = (hs.local[y] - hs.local[x] + mx) % mx;
-            b.add(x, ch, Key{1, t, d, 0, 0}, Step{OpCode::Send, -1, y, ib(d), {}, false});
-            b.add(y, ch, Key{1, t, d, 1, 0}, Step{OpCode::Recv, x, -1, {}, sb(slot[x][d]), false});
+            b.add(x, ch, Key{1, t, d, 0, 0}, send(y, ib(d)));
+            b.add(y, ch, Key{1, t, d, 1, 0}, recv(x, sb(slot[x][d])));
             at_relay = sb(slot[x][d]);
           }
           const int dist = (hd - hx + H) % H;
-          b.add(y, ch, Key{2, dist, hs.local[d], hs.local[x], 0}, Step{OpCode::Send, -1, d, at_relay, {}, false});
-          b.add(d, ch, Key{2, dist, hs.local[d], hs.local[x], 1}, Step{OpCode::Recv, y, -1, {}, ob(x), false});
+          b.add(y, ch, Key{2, dist, hs.local[d], hs.local[x], 0}, send(d, at_relay));
+          b.add(d, ch, Key{2, dist, hs.local[d], hs.local[x], 1}, recv(y, ob(x)));
         }
       }
     }

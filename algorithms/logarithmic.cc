@@ -26,17 +26,6 @@ namespace chorus::algo {
 
 namespace {
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
-ChunkRef in(int c) { return {BufKind::Input, c}; }
-ChunkRef out(int c) { return {BufKind::Output, c}; }
-ChunkRef scr(int c) { return {BufKind::Scratch, c}; }
-Step send(int peer, ChunkRef src) { return Step{OpCode::Send, -1, peer, src, {}, false}; }
-Step recv(int peer, ChunkRef dst, bool final = false) { return Step{OpCode::Recv, peer, -1, {}, dst, final}; }
-Step copy(ChunkRef src, ChunkRef dst, bool final) { return Step{OpCode::Copy, -1, -1, src, dst, final}; }
-Step recv_reduce(int peer, ChunkRef src, ChunkRef dst, bool final) {
-  return Step{OpCode::RecvReduce, peer, -1, src, dst, final};
-}
-
 // ---- Binary trees ----
 
 struct TreeNode {

@@ -5,25 +5,12 @@
 #include <stdexcept>
 
 #include "algorithms/algorithms.h"
+#include "algorithms/builder.h"
 
 namespace chorus::algo {
 
-namespace {
-
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
-Step send(int peer, ChunkRef src) { return Step{OpCode::Send, -1, peer, src, {}, false}; }
-Step recv(int peer, ChunkRef dst, bool final = false) { return Step{OpCode::Recv, peer, -1, {}, dst, final}; }
-Step copy(ChunkRef src, ChunkRef dst, bool final) { return Step{OpCode::Copy, -1, -1, src, dst, final}; }
-ChunkRef in(int c) { return {BufKind::Input, c}; }
-ChunkRef out(int c) { return {BufKind::Output, c}; }
-
-Program make(Coll coll, const char* name, const ProgramParams& p) { return new_program(coll, name, p); }
-
-}  // namespace
-
 Program ring_allreduce(const ProgramParams& p) {
-  Program prog = make(Coll::AllReduce, "ring", p);
+  Program prog = new_program(Coll::AllReduce, "ring", p);
   const int n = p.nranks, nch = p.nchannels;
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
@@ -55,7 +42,7 @@ Program ring_allreduce(const ProgramParams& p) {
 Program oneshot_allreduce(const ProgramParams& p) {
   if (p.nranks > kOneShotMaxRanks)
     throw std::invalid_argument("one-shot sends every input to every rank: at most 64 ranks");
-  Program prog = make(Coll::AllReduce, "oneshot", p);
+  Program prog = new_program(Coll::AllReduce, "oneshot", p);
   const int n = p.nranks, nch = p.nchannels;
   auto acc = [](int c) { return ChunkRef{BufKind::Scratch, c}; };
   for (int r = 0; r < n; ++r) {
@@ -95,7 +82,7 @@ Program oneshot_allreduce(const ProgramParams& p) {
 }
 
 Program ring_allgather(const ProgramParams& p) {
-  Program prog = make(Coll::AllGather, "ring", p);
+  Program prog = new_program(Coll::AllGather, "ring", p);
   const int n = p.nranks, nch = p.nchannels;
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
@@ -120,7 +107,7 @@ Program ring_allgather(const ProgramParams& p) {
 }
 
 Program ring_reduce_scatter(const ProgramParams& p) {
-  Program prog = make(Coll::ReduceScatter, "ring", p);
+  Program prog = new_program(Coll::ReduceScatter, "ring", p);
   const int n = p.nranks, nch = p.nchannels;
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
@@ -146,7 +133,7 @@ Program ring_reduce_scatter(const ProgramParams& p) {
 }
 
 Program chain_broadcast(const ProgramParams& p) {
-  Program prog = make(Coll::Broadcast, "ring", p);
+  Program prog = new_program(Coll::Broadcast, "ring", p);
   const int n = p.nranks, nch = p.nchannels;
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
@@ -171,7 +158,7 @@ Program chain_broadcast(const ProgramParams& p) {
 }
 
 Program chain_reduce(const ProgramParams& p) {
-  Program prog = make(Coll::Reduce, "ring", p);
+  Program prog = new_program(Coll::Reduce, "ring", p);
   const int n = p.nranks, nch = p.nchannels;
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
@@ -197,7 +184,7 @@ Program chain_reduce(const ProgramParams& p) {
 }
 
 Program pairwise_alltoall(const ProgramParams& p) {
-  Program prog = make(Coll::AllToAll, "pairwise", p);
+  Program prog = new_program(Coll::AllToAll, "pairwise", p);
   const int n = p.nranks, nch = p.nchannels;
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
