@@ -103,6 +103,8 @@ class Selector {
                                        const char* per_call_algorithm = nullptr) const;
 
   const topo::Topology& topology() const { return topo_; }
+  // rank -> host index of the topology, as the programs are generated with it.
+  const std::vector<int>& host_of_rank() const { return host_of_rank_; }
   int nranks() const { return topo_.nranks(); }
   int nchannels() const { return nchannels_; }
   const SimOptions& sim_options() const { return sim_; }

@@ -138,7 +138,8 @@ topo::Topology CommImpl::make_topology() const {
   } else {
     // Hosts in order of their first rank; processes of a host in order of their first rank.
     std::map<std::string, int> host_index;
-    std::vector<std::map<uint64_t, int>> procs;
+    std::vector<std::map<uint64_t, int>> procs;  // per host: process token -> index
+    std::vector<int> nlocal;                     // per host: ranks placed so far
     for (const PeerInfo& p : peers_) {
       auto [it, added] = host_index.emplace(p.host_id, static_cast<int>(t.hosts.size()));
       if (added) {
@@ -150,11 +151,12 @@ topo::Topology CommImpl::make_topology() const {
         if (ns != std::string::npos) h.name += cat(" (netns ", p.host_id.substr(ns + 6), ")");
         t.hosts.push_back(h);
         procs.emplace_back();
+        nlocal.push_back(0);
       }
       const int host = it->second;
       topo::RankPlace place;
       place.host = host;
-      place.local_rank = static_cast<int>(t.ranks_of_host(host).size());
+      place.local_rank = nlocal[host]++;
       place.process = procs[host].emplace(p.process_token, static_cast<int>(procs[host].size())).first->second;
       t.ranks.push_back(place);
     }
@@ -213,7 +215,7 @@ void CommImpl::validate(CollArgs& a) const {
     // the communicator. The program is cached, so the call that follows does not generate it again.
     const bool rooted = a.coll == Coll::Broadcast || a.coll == Coll::Reduce;
     try {
-      algo::get_program(*info, {n, rooted ? a.root : 0, nchannels_, selector_->topology().host_of_rank()});
+      algo::get_program(*info, {n, rooted ? a.root : 0, nchannels_, selector_->host_of_rank()});
     } catch (const std::invalid_argument& e) {
       bad_arg(cat("options->algorithm='", a.algorithm, "' does not apply to this communicator: ", e.what()));
     }
