@@ -181,7 +181,8 @@ class Comm {
   }
 
   // Sizes are element counts of the spans: all_reduce: in.size() == out.size(); all_gather: out = size() * in;
-  // reduce_scatter: in = size() * out; all_to_all: in.size() == out.size() == size() * per-peer count.
+  // reduce_scatter: in = size() * out; all_to_all: in.size() == out.size() == size() * per-peer count; all_to_allv:
+  // per-peer counts and displacements.
   template <typename T>
   void all_reduce(std::span<const T> in, std::span<T> out, Op op = Op::Sum, const CallOptions& opt = {}) {
     expect(in.size() == out.size(), "all_reduce: in and out sizes differ");
@@ -221,6 +222,22 @@ class Comm {
     expect(in.size() == out.size() && in.size() % n == 0, "all_to_all: sizes must be equal multiples of size()");
     const chorusCollOptions_t o = opt.c();
     check(chorusAllToAllEx(in.data(), out.data(), in.size() / n, dtype_of<T>(), &o, c_, nullptr), c_);
+  }
+  // Counts and displacements are in elements, one per rank: the send_counts[j] elements of `in` at send_displs[j] go
+  // to rank j, which receives them at recv_displs[this rank] of its `out`. Every block must lie inside its span.
+  template <typename T>
+  void all_to_allv(std::span<const T> in, std::span<const size_t> send_counts, std::span<const size_t> send_displs,
+                   std::span<T> out, std::span<const size_t> recv_counts, std::span<const size_t> recv_displs) {
+    const size_t n = static_cast<size_t>(size());
+    expect(send_counts.size() == n && send_displs.size() == n && recv_counts.size() == n && recv_displs.size() == n,
+           "all_to_allv: counts and displacements need one entry per rank");
+    for (size_t j = 0; j < n; ++j)
+      expect(send_displs[j] <= in.size() && send_counts[j] <= in.size() - send_displs[j] &&
+                 recv_displs[j] <= out.size() && recv_counts[j] <= out.size() - recv_displs[j],
+             "all_to_allv: a block lies outside its buffer");
+    check(chorusAllToAllv(in.data(), send_counts.data(), send_displs.data(), out.data(), recv_counts.data(),
+                          recv_displs.data(), dtype_of<T>(), c_, nullptr),
+          c_);
   }
   void barrier() { check(chorusBarrier(c_, nullptr), c_); }
   template <typename T>

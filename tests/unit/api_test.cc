@@ -565,6 +565,25 @@ TEST(CppApi, CommAndRequests) {
       EXPECT_EQ(full[5], 1);
       EXPECT_THROW(comm.all_reduce(std::span<float>(y), chorus::Op::Sum, chorus::CallOptions{"nope"}),
                    chorus::CommError);
+      // All-to-allv: rank r sends j + 1 copies of (10 * r + j) to rank j.
+      std::vector<size_t> sc(3), sd(3), rc(3), rd(3);
+      std::vector<int32_t> vin, vout;
+      for (int j = 0; j < 3; ++j) {
+        sc[j] = j + 1;
+        sd[j] = vin.size();
+        vin.insert(vin.end(), j + 1, 10 * r + j);
+        rc[j] = r + 1;
+        rd[j] = 3 * j;
+      }
+      vout.assign(9, -1);
+      comm.all_to_allv(std::span<const int32_t>(vin), std::span<const size_t>(sc), std::span<const size_t>(sd),
+                       std::span<int32_t>(vout), std::span<const size_t>(rc), std::span<const size_t>(rd));
+      for (int j = 0; j < 3; ++j) EXPECT_EQ(vout[3 * j + r], 10 * j + r);
+      rd[2] = 9;  // the block from rank 2 would start at the end
+      EXPECT_THROW(
+          comm.all_to_allv(std::span<const int32_t>(vin), std::span<const size_t>(sc), std::span<const size_t>(sd),
+                           std::span<int32_t>(vout), std::span<const size_t>(rc), std::span<const size_t>(rd)),
+          chorus::CommError);
     });
   for (auto& t : threads) t.join();
 }

@@ -1,0 +1,499 @@
+// The reference trainer's tests: the hand-written backward against finite differences, FSDP and MoE against the
+// same computation in one process, checkpoints that survive a killed rank, and clear errors for bad input.
+// Equivalence tests run ranks as threads (chorus::Comm over the local transport); the rest run the chorus-trainer
+// binary under chorusrun (CHORUSRUN and CHORUS_TRAINER are the built binaries' paths).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chorus/chorus.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/common/process.h"
+#include "trainer/data.h"
+#include "trainer/dist.h"
+#include "trainer/moe.h"
+#include "trainer/ops.h"
+#include "trainer/trainer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace trainer;
+using chorus::test::count_of;
+using chorus::test::Result;
+
+// English-like text with some structure to learn: sentences from a small grammar.
+std::string sample_text(size_t bytes) {
+  static const char* subjects[] = {"the licensee", "each contributor", "the program", "a covered work", "you"};
+  static const char* verbs[] = {"may copy", "shall distribute", "must not modify", "can convey", "will include"};
+  static const char* objects[] = {"the source code", "this license", "any warranty", "the notice", "a copy of it"};
+  std::mt19937 rng(7);
+  std::string s;
+  while (s.size() < bytes) {
+    s += subjects[rng() % 5];
+    s += ' ';
+    s += verbs[rng() % 5];
+    s += ' ';
+    s += objects[rng() % 5];
+    s += rng() % 3 ? ". " : ".\n";
+  }
+  return s;
+}
+
+const Corpus& test_corpus() {
+  static const Corpus c = Corpus::from_text(sample_text(60000), 0.1, 64, "sample");
+  return c;
+}
+
+ModelConfig tiny(int experts) {
+  ModelConfig m;
+  m.seq_len = 16;
+  m.d_model = 32;
+  m.n_layers = 2;
+  m.n_heads = 2;
+  m.d_ff = 64;
+  m.n_experts = experts;
+  m.top_k = 2;
+  m.capacity_factor = 1.0f;  // tight enough that some choices are dropped
+  m.d_expert = 32;
+  m.moe_every = 2;
+  return m;
+}
+
+// Runs fn on n ranks, each a thread with its own communicator.
+void run_ranks(int n, const std::function<void(chorus::Comm&)>& fn) {
+  setenv("CHORUS_TIMEOUT_MS", "60000", 0);
+  chorus::UniqueId id = chorus::UniqueId::create();
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        chorus::Comm comm(n, id, r);
+        fn(comm);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// ---- (a) the backward against finite differences ----
+
+// The loss whose gradient Model::run computes with these scales.
+double objective(Model& model, ParamStore& store, const std::vector<uint8_t>& batch, int nseq, float aux_weight) {
+  const ModelConfig& c = model.config();
+  const Model::Losses l = model.run(batch.data(), store, false, 0, 0);
+  return l.ce_sum / (double(nseq) * c.seq_len) + aux_weight * l.aux_sum / nseq;
+}
+
+void gradient_check(int experts) {
+  blas_init();
+  ModelConfig c = tiny(experts);
+  c.seq_len = 8;
+  c.init_std = 0.2f;         // larger weights: larger, less linear gradients to check
+  c.capacity_factor = 4.0f;  // no drops: the function is smooth where we probe it
+  const int nseq = 2;
+  const float aux_weight = 0.1f;
+  Model model(c, nseq, 3, nullptr);
+  FullParams store(c, model.layout(), 3);
+  std::vector<uint8_t> batch;
+  Sampler(5).next(test_corpus().train, nseq, c.seq_len, batch);
+  model.run(batch.data(), store, true, 1.f / (nseq * c.seq_len), aux_weight / nseq);
+  const std::vector<float> grads = store.all_grads();
+
+  // Every tensor: its largest-gradient elements and a few others; and every expert tensor likewise.
+  struct Probe {
+    std::string what;
+    float* param;
+    float grad;
+  };
+  std::vector<Probe> probes;
+  auto pick = [&](const std::string& name, float* p, const float* g, size_t n) {
+    std::vector<size_t> idx(n);
+    for (size_t i = 0; i < n; ++i) idx[i] = i;
+    std::partial_sort(idx.begin(), idx.begin() + std::min<size_t>(3, n), idx.end(),
+                      [&](size_t a, size_t b) { return std::fabs(g[a]) > std::fabs(g[b]); });
+    for (size_t k = 0; k < std::min<size_t>(3, n); ++k) probes.push_back({name, p + idx[k], g[idx[k]]});
+    for (size_t k = 1; k <= 2; ++k) probes.push_back({name, p + (k * 7919) % n, g[(k * 7919) % n]});
+  };
+  size_t off = 0;
+  std::vector<float>& params = store.all_params();
+  for (const Unit& u : model.layout()) {
+    for (const Tensor& t : u.tensors)
+      pick(u.name + "." + t.name, &params[off + t.offset], &grads[off + t.offset], t.numel());
+    off += u.numel;
+  }
+  for (MoeLayer* m : model.moe_layers()) {
+    const std::vector<float> eg = m->grads();
+    const size_t half = m->expert_numel() / 2;
+    for (int e = 0; e < m->local_experts(); ++e) {
+      pick("expert" + std::to_string(e) + ".w1", &m->params()[e * 2 * half], &eg[e * 2 * half], half);
+      pick("expert" + std::to_string(e) + ".w2", &m->params()[e * 2 * half + half], &eg[e * 2 * half + half], half);
+    }
+  }
+
+  // Top-k routing is piecewise: a probe whose nudge changes which experts a token picks straddles a jump, where a
+  // finite difference means nothing; those are skipped (and must be rare).
+  auto routing = [&] {
+    std::vector<std::pair<int, int>> r;
+    for (MoeLayer* m : model.moe_layers())
+      for (const MoeLayer::Route& x : m->routes()) r.push_back({x.token, x.expert});
+    return r;
+  };
+  const float h = 5e-3f;
+  int checked = 0, skipped = 0;
+  for (const Probe& p : probes) {
+    const float saved = *p.param;
+    *p.param = saved + h;
+    const double up = objective(model, store, batch, nseq, aux_weight);
+    const auto routes_up = routing();
+    *p.param = saved - h;
+    const double down = objective(model, store, batch, nseq, aux_weight);
+    const auto routes_down = routing();
+    *p.param = saved;
+    if (routes_up != routes_down) {
+      ++skipped;
+      continue;
+    }
+    const double fd = (up - down) / (2 * h);
+    EXPECT_NEAR(p.grad, fd, 2e-4 + 3e-2 * std::fabs(fd)) << p.what;
+    ++checked;
+  }
+  std::printf("gradient check: %d probes agree, %d skipped at a routing change\n", checked, skipped);
+  EXPECT_GT(checked, 40);
+  EXPECT_LE(skipped, checked / 10);
+}
+
+TEST(GradientCheck, DenseModelMatchesFiniteDifferences) { gradient_check(0); }
+TEST(GradientCheck, MoeModelMatchesFiniteDifferences) { gradient_check(4); }
+
+TEST(Optimizer, ClippingAndScheduleAndUnigramBaseline) {
+  EXPECT_FLOAT_EQ(lr_at(1, 100, 10, 1.f, 0.1f), 0.1f);
+  EXPECT_FLOAT_EQ(lr_at(10, 100, 10, 1.f, 0.1f), 1.f);
+  EXPECT_NEAR(lr_at(100, 100, 10, 1.f, 0.1f), 0.1f, 1e-6);
+  // One AdamW step moves every parameter by about lr against the sign of its gradient (plus decay).
+  std::vector<float> p = {1.f, -1.f}, g = {0.5f, -2.f}, m(2), v(2);
+  adamw_step({Segment{p.data(), g.data(), m.data(), v.data(), 2, true}}, AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f}, 0.01f,
+             1, 1.f);
+  EXPECT_NEAR(p[0], 1.f - 0.01f - 0.001f, 1e-6);
+  EXPECT_NEAR(p[1], -1.f + 0.01f + 0.001f, 1e-6);
+  // The unigram baseline of the test text is between the entropy of a few letters and 8 bits.
+  const double u = unigram_baseline(test_corpus());
+  EXPECT_GT(u, 2.0);
+  EXPECT_LT(u, std::log(256.0));
+}
+
+// ---- (b) FSDP: 1, 2 and 4 ranks against one process ----
+
+TrainConfig small_run(int experts) {
+  TrainConfig t;
+  t.model = tiny(experts);
+  t.batch = 8;
+  t.steps = 20;
+  t.lr = 1e-2f;
+  t.min_lr = 1e-3f;
+  t.warmup = 3;
+  t.eval_seqs = 16;
+  t.seed = 11;
+  return t;
+}
+
+std::vector<double> reference_losses(const TrainConfig& t) {
+  blas_init();
+  Dist single;
+  Trainer trainer(t, test_corpus(), single);
+  std::vector<double> losses;
+  for (int s = 0; s < t.steps; ++s) losses.push_back(trainer.step().loss);
+  losses.push_back(trainer.evaluate());
+  return losses;
+}
+
+std::vector<double> sharded_losses(const TrainConfig& t, int n, int shard_group, bool prefetch = true) {
+  std::vector<double> losses;
+  TrainConfig cfg = t;
+  cfg.prefetch = prefetch;
+  run_ranks(n, [&](chorus::Comm& comm) {
+    Dist dist(comm, shard_group);
+    Trainer trainer(cfg, test_corpus(), dist);
+    std::vector<double> mine;
+    for (int s = 0; s < cfg.steps; ++s) mine.push_back(trainer.step().loss);
+    mine.push_back(trainer.evaluate());
+    if (comm.rank() == 0) losses = mine;
+  });
+  return losses;
+}
+
+void expect_same_losses(const std::vector<double>& want, const std::vector<double>& got, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double rel = std::fabs(got[i] - want[i]) / std::fabs(want[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 1e-5) << what << ": step " << i + 1 << ": " << got[i] << " vs " << want[i];
+  }
+  // Training really happened: the loss fell.
+  EXPECT_LT(want[want.size() - 2], want[0] - 0.5) << what;
+  std::printf("%s: worst relative difference %.2e over %zu losses\n", what.c_str(), worst, want.size());
+}
+
+TEST(Fsdp, SameLossesAsOneProcessAt1And2And4Ranks) {
+  const TrainConfig t = small_run(0);
+  const std::vector<double> want = reference_losses(t);
+  for (int n : {1, 2, 4}) expect_same_losses(want, sharded_losses(t, n, 0), "dense, " + std::to_string(n) + " ranks");
+}
+
+TEST(Fsdp, SameLossesWithMoeAt1And2And4Ranks) {
+  const TrainConfig t = small_run(4);
+  const std::vector<double> want = reference_losses(t);
+  for (int n : {1, 2, 4}) expect_same_losses(want, sharded_losses(t, n, 0), "MoE, " + std::to_string(n) + " ranks");
+}
+
+TEST(Fsdp, HybridShardingAndBlockingCollectivesGiveTheSameLosses) {
+  const TrainConfig t = small_run(4);
+  const std::vector<double> want = reference_losses(t);
+  expect_same_losses(want, sharded_losses(t, 4, 2), "hybrid, 2 groups of 2");
+  expect_same_losses(want, sharded_losses(t, 2, 0, false), "no prefetch, 2 ranks");
+}
+
+TEST(Fsdp, StatePerRankFallsAsOneOverN) {
+  TrainConfig t = small_run(4);
+  t.model.d_model = 64;
+  t.model.d_ff = 256;
+  Dist single;
+  const ParamStore::Memory one = Trainer(t, test_corpus(), single).memory();
+  for (int n : {2, 4})
+    run_ranks(n, [&](chorus::Comm& comm) {
+      Dist dist(comm, 0);
+      const ParamStore::Memory m = Trainer(t, test_corpus(), dist).memory();
+      // Padding to a multiple of n adds at most n - 1 elements per unit.
+      const double ideal = double(one.params) / n;
+      EXPECT_GE(double(m.params), ideal);
+      EXPECT_LE(double(m.params), ideal + 4.0 * n * 4 * sizeof(float));
+      EXPECT_EQ(m.grads, m.params);
+      EXPECT_EQ(m.optimizer, 2 * m.params);
+    });
+}
+
+// ---- (d) MoE: experts over 4 ranks against the same layer in one process ----
+
+TEST(Moe, ExpertParallelLayerEqualsOneProcess) {
+  blas_init();
+  const int d = 16, E = 8, T = 12, nseq = 8, ranks = 4;
+  MoeConfig mc{d, 24, E, 2, T, 1.0f};
+  const int n = nseq * T;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> h(size_t(n) * d), router(size_t(d) * E), dy(size_t(n) * d);
+  for (float& x : h) x = nd(rng);
+  for (float& x : router) x = 0.5f * nd(rng);
+  for (float& x : dy) x = nd(rng);
+  const float aux_scale = 0.3f;
+
+  MoeLayer ref(mc, 1, 9, 0.2f, 0.2f, nullptr, nullptr);
+  std::vector<float> y_ref(h.size()), dh_ref(h.size(), 0.f), dr_ref(router.size(), 0.f);
+  const double aux_ref = ref.forward(router.data(), h.data(), y_ref.data(), nseq);
+  ref.backward(router.data(), h.data(), dy.data(), aux_scale, dh_ref.data(), dr_ref.data());
+  ASSERT_LT(ref.routes().size(), size_t(n) * 2) << "capacity should drop some choices";
+
+  std::vector<float> y(h.size()), dh(h.size()), dr(router.size(), 0.f);
+  std::vector<double> aux(ranks);
+  std::vector<std::vector<float>> expert_grads(ranks);
+  std::mutex mu;
+  run_ranks(ranks, [&](chorus::Comm& comm) {
+    const int r = comm.rank(), local = n / ranks;
+    MoeLayer layer(mc, 1, 9, 0.2f, 0.2f, &comm, nullptr);
+    EXPECT_EQ(layer.local_experts(), E / ranks);
+    std::vector<float> my_y(size_t(local) * d), my_dh(size_t(local) * d, 0.f), my_dr(router.size(), 0.f);
+    const size_t o = size_t(r) * local * d;
+    aux[r] = layer.forward(router.data(), &h[o], my_y.data(), nseq / ranks);
+    layer.backward(router.data(), &h[o], &dy[o], aux_scale, my_dh.data(), my_dr.data());
+    std::lock_guard<std::mutex> lock(mu);
+    std::copy(my_y.begin(), my_y.end(), y.begin() + o);
+    std::copy(my_dh.begin(), my_dh.end(), dh.begin() + o);
+    for (size_t i = 0; i < dr.size(); ++i) dr[i] += my_dr[i];
+    expert_grads[r] = layer.grads();
+  });
+
+  auto expect_close = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    float scale = 0;
+    for (float w : want) scale = std::max(scale, std::fabs(w));
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5 * std::max(1.f, scale)) << what << "[" << i << "]";
+  };
+  expect_close(y, y_ref, "output");
+  expect_close(dh, dh_ref, "input gradient");
+  expect_close(dr, dr_ref, "router gradient");
+  std::vector<float> eg;
+  for (const auto& g : expert_grads) eg.insert(eg.end(), g.begin(), g.end());
+  expect_close(eg, ref.grads(), "expert gradients");
+  EXPECT_NEAR(aux[0] + aux[1] + aux[2] + aux[3], aux_ref, 1e-9 * std::fabs(aux_ref));
+}
+
+TEST(Moe, ExpertsThatDoNotDivideOverTheRanksAreRefused) {
+  run_ranks(2, [&](chorus::Comm& comm) {
+    Dist dist(comm, 0);
+    TrainConfig t = small_run(3);
+    try {
+      Trainer trainer(t, test_corpus(), dist);
+      ADD_FAILURE() << "3 experts over 2 ranks were accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("--experts 3 do not divide over 2 ranks"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// ---- (c) checkpoints and (e) the command line, as real processes under chorusrun ----
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("chorus-trainer-test-" + std::to_string(getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    data_ = (dir_ / "text.txt").string();
+    std::ofstream(data_) << sample_text(60000);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  // The trainer under chorusrun with n ranks (0: one process, no launcher), a tiny model and this test's data.
+  Result trainer(int n, const std::string& out, const std::string& args) {
+    std::string cmd = n > 0 ? std::string(CHORUSRUN) + " -n " + std::to_string(n) + " --timeout 120 " : "";
+    cmd += std::string(CHORUS_TRAINER) + " --data " + data_ + " --out " + (dir_ / out).string() +
+           " --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2 --d-expert 32 --batch 4"
+           " --eval-seqs 8 --eval-every 0 --warmup 2 --lr 1e-2 --no-plot " +
+           args;
+    return chorus::test::run("CHORUS_TIMEOUT_MS=30000 " + cmd);
+  }
+  std::string file(const std::string& rel) {
+    std::ifstream in(dir_ / rel);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  // "step N/M  loss X" of every progress line, in order.
+  static std::vector<std::string> loss_lines(const std::string& out) {
+    static const std::regex re(R"(step +\d+/\d+  loss [0-9.]+)");
+    std::vector<std::string> lines;
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+      lines.push_back(it->str());
+    return lines;
+  }
+  fs::path dir_;
+  std::string data_;
+};
+
+TEST_F(Cli, KilledRankThenResumeContinuesTheSameLossTrajectory) {
+  Result whole = trainer(2, "whole", "--steps 12 --ckpt-every 4");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  const std::vector<std::string> want = loss_lines(whole.out);
+  ASSERT_EQ(want.size(), 12u) << whole.out;
+
+  // Rank 1 dies in step 10, after its backward: checkpoint 8 is the last one.
+  Result killed = trainer(2, "cut", "--steps 12 --ckpt-every 4 --kill-at 1:10");
+  EXPECT_NE(killed.code, 0) << killed.out;
+  EXPECT_NE(killed.out.find("killed by signal 9"), std::string::npos) << killed.out;
+  EXPECT_TRUE(fs::exists(dir_ / "cut/checkpoints/step-00000008/meta.txt"));
+
+  Result resumed = trainer(2, "cut", "--steps 12 --ckpt-every 4 --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+  const std::vector<std::string> got = loss_lines(resumed.out);
+  ASSERT_EQ(got.size(), 4u) << resumed.out;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(got[i], want[8 + i]);
+  // The whole trajectory, bit for bit (9 significant digits), including the steps before the kill.
+  EXPECT_EQ(file("cut/loss.tsv"), file("whole/loss.tsv"));
+}
+
+TEST_F(Cli, RankKilledWhileWritingACheckpointLeavesNoTornOne) {
+  Result whole = trainer(2, "whole", "--steps 10 --ckpt-every 4");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+
+  Result killed = trainer(2, "cut", "--steps 10 --ckpt-every 4 --kill-at 1:8:checkpoint");
+  EXPECT_NE(killed.code, 0) << killed.out;
+  // Checkpoint 8 was never published; its temporary directory is all that is left of it.
+  EXPECT_FALSE(fs::exists(dir_ / "cut/checkpoints/step-00000008"));
+  EXPECT_TRUE(fs::exists(dir_ / "cut/checkpoints/step-00000008.tmp"));
+  EXPECT_TRUE(fs::exists(dir_ / "cut/checkpoints/step-00000004/meta.txt"));
+
+  Result resumed = trainer(2, "cut", "--steps 10 --ckpt-every 4 --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("step-00000004"), std::string::npos) << resumed.out;
+  EXPECT_EQ(file("cut/loss.tsv"), file("whole/loss.tsv"));
+  EXPECT_FALSE(fs::exists(dir_ / "cut/checkpoints/step-00000008.tmp"));
+}
+
+TEST_F(Cli, OneProcessRunTrainsAndPrintsEverything) {
+  Result r = trainer(0, "run", "--steps 6 --ckpt-every 3 --eval-every 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(loss_lines(r.out).size(), 6u) << r.out;
+  EXPECT_NE(r.out.find("unigram baseline"), std::string::npos) << r.out;
+  EXPECT_EQ(count_of(r.out, "eval  step"), 2) << r.out;
+  EXPECT_NE(r.out.find("== summary"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("state per rank"), std::string::npos) << r.out;
+  EXPECT_EQ(count_of(file("run/loss.tsv"), "\n"), 7);  // header + 6 steps
+  EXPECT_TRUE(fs::exists(dir_ / "run/checkpoints/step-00000006/rank-0.bin"));
+}
+
+TEST_F(Cli, MissingDataFileIsAClearError) {
+  Result r = chorus::test::run(std::string(CHORUS_TRAINER) + " --data " + (dir_ / "nope.txt").string() + " --out " +
+                               (dir_ / "run").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("cannot read data '" + (dir_ / "nope.txt").string() + "'"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, ModelThatDoesNotDivideOverTheRanksIsAClearError) {
+  Result r = trainer(2, "run", "--experts 3 --steps 2");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--experts 3 do not divide over 2 ranks"), std::string::npos) << r.out;
+  r = trainer(2, "run", "--batch 3 --steps 2");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--batch 3 sequences do not divide over 2 ranks"), std::string::npos) << r.out;
+  r = trainer(0, "run", "--d-model 30 --heads 4 --steps 2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--d-model 30 is not a multiple of --heads 4"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, CheckpointOfAnotherModelIsAClearError) {
+  Result r = trainer(0, "run", "--steps 2 --ckpt-every 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = trainer(0, "run", "--steps 4 --resume --d-ff 96");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("is of another model"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("d_ff=64"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("d_ff=96"), std::string::npos) << r.out;
+  // Another number of ranks cannot take the shards either.
+  r = trainer(2, "run", "--steps 4 --resume");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("holds shards of 1 ranks"), std::string::npos) << r.out;
+  // A fresh start would mix with the old checkpoints: refused without --overwrite.
+  r = trainer(0, "run", "--steps 2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--overwrite"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, OptionsForLaterIssuesSayNotSupportedYet) {
+  for (const char* opt : {"--compress", "--device cuda"}) {
+    Result r = trainer(0, "run", opt);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("not supported yet"), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace

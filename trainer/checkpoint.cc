@@ -1,0 +1,311 @@
+#include "trainer/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+
+#include "trainer/dist.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'C', 'H', 'O', 'R', 'C', 'K', 'P', 'T'};
+constexpr uint32_t kVersion = 1;
+constexpr const char* kMetaHeader = "chorus-trainer-checkpoint 1";
+
+uint64_t fnv1a(const char* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 0x100000001b3ull;
+  return h;
+}
+
+std::string step_name(int step) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "step-%08d", step);
+  return b;
+}
+
+[[noreturn]] void fail_errno(const std::string& what, const std::string& path) {
+  throw std::runtime_error(what + " '" + path + "': " + std::strerror(errno));
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) fail_errno("cannot open", path);
+  const int r = ::fsync(fd);
+  ::close(fd);
+  if (r != 0) fail_errno("cannot fsync", path);
+}
+
+// Writes `bytes` to a new file and fsyncs it; die_midway, when set, runs after half of it is written.
+void write_durably(const std::string& path, const std::string& bytes, const std::function<void()>& die_midway) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail_errno("cannot create", path);
+  size_t done = 0;
+  auto put = [&](size_t upto) {
+    while (done < upto) {
+      const ssize_t w = ::write(fd, bytes.data() + done, upto - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        ::close(fd);
+        fail_errno("cannot write", path);
+      }
+      done += size_t(w);
+    }
+  };
+  if (die_midway) {
+    put(bytes.size() / 2);
+    ::fsync(fd);
+    die_midway();
+  }
+  put(bytes.size());
+  if (::fsync(fd) != 0 || ::close(fd) != 0) fail_errno("cannot fsync", path);
+}
+
+template <typename T>
+void put(std::string& s, const T& v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+// Reads a T at *pos of s, or throws naming the file.
+template <typename T>
+T get(const std::string& s, size_t* pos, const std::string& path) {
+  if (s.size() - *pos < sizeof(T)) throw std::runtime_error("checkpoint file '" + path + "' is truncated");
+  T v;
+  std::memcpy(&v, s.data() + *pos, sizeof(T));
+  *pos += sizeof(T);
+  return v;
+}
+
+std::string serialize(const CheckpointMeta& meta, int rank, const std::vector<StateBuffer>& bufs) {
+  std::string s(kMagic, sizeof(kMagic));
+  put(s, kVersion);
+  put(s, meta.model_hash);
+  put(s, int32_t(rank));
+  put(s, int32_t(meta.nranks));
+  put(s, int32_t(meta.step));
+  put(s, uint32_t(bufs.size()));
+  for (const StateBuffer& b : bufs) {
+    put(s, uint32_t(b.name.size()));
+    s += b.name;
+    put(s, uint64_t(b.data.size()));
+    s.append(reinterpret_cast<const char*>(b.data.data()), b.data.size_bytes());
+  }
+  put(s, fnv1a(s.data(), s.size()));
+  return s;
+}
+
+std::string meta_text(const CheckpointMeta& m) {
+  std::ostringstream s;
+  char hash[32];
+  std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(m.model_hash));
+  s << kMetaHeader << "\n"
+    << "model_hash " << hash << "\n"
+    << "model " << m.model << "\n"
+    << "nranks " << m.nranks << "\n"
+    << "shard_group " << m.shard_group << "\n"
+    << "step " << m.step << "\n"
+    << "steps " << m.steps << "\n"
+    << "rng " << m.rng.s[0] << " " << m.rng.s[1] << " " << m.rng.s[2] << " " << m.rng.s[3] << "\n"
+    << "drawn " << m.drawn << "\n"
+    << "history " << m.history.size() << "\n";
+  char line[96];
+  for (const HistoryRow& h : m.history) {
+    std::snprintf(line, sizeof(line), "%d %.17g %.17g\n", h.step, h.loss, h.val);
+    s << line;
+  }
+  return s.str();
+}
+
+// Every rank reports whether its part went well; returns how many failed.
+int failures(Dist& dist, bool ok) {
+  double f[1] = {ok ? 0.0 : 1.0};
+  dist.sum_world(f);
+  return static_cast<int>(f[0]);
+}
+
+// Complete checkpoints under root, oldest first.
+std::vector<fs::path> complete_checkpoints(const std::string& root) {
+  static const std::regex kName("step-[0-9]{8}");
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, kName) && fs::exists(e.path() / "meta.txt")) out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta, const std::vector<StateBuffer>& mine,
+                            Dist& dist, int keep, const std::function<void()>& die_midway) {
+  const int rank = dist.rank();
+  const std::string name = step_name(meta.step);
+  const std::string tmp = root + "/" + name + ".tmp", final_dir = root + "/" + name;
+  std::string err;
+  auto attempt = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  };
+  auto agree = [&](const std::string& stage) {
+    const int n = failures(dist, err.empty());
+    if (n > 0)
+      throw std::runtime_error("checkpoint " + final_dir + ": " +
+                               (err.empty() ? std::to_string(n) + " rank(s) failed to " + stage : err));
+  };
+
+  // 1. Rank 0 makes a fresh temporary directory (a killed earlier attempt may have left one).
+  if (rank == 0)
+    attempt([&] {
+      fs::create_directories(root);
+      fs::remove_all(tmp);
+      fs::create_directory(tmp);
+    });
+  agree("prepare the directory");
+  // 2. Every rank writes its file durably.
+  attempt(
+      [&] { write_durably(tmp + "/rank-" + std::to_string(rank) + ".bin", serialize(meta, rank, mine), die_midway); });
+  agree("write their shard");
+  // 3. Rank 0 adds the metadata and publishes the directory with one rename.
+  if (rank == 0)
+    attempt([&] {
+      write_durably(tmp + "/meta.txt", meta_text(meta), {});
+      fsync_path(tmp);
+      const std::string old = final_dir + ".old";
+      if (fs::exists(final_dir)) {  // written again after resuming from an older one
+        fs::remove_all(old);
+        fs::rename(final_dir, old);
+      }
+      fs::rename(tmp, final_dir);
+      fsync_path(root);
+      fs::remove_all(old);
+      // Keep the newest `keep`; drop leftovers of killed attempts.
+      std::vector<fs::path> all = complete_checkpoints(root);
+      for (size_t i = 0; i + std::max(keep, 1) < all.size(); ++i) fs::remove_all(all[i]);
+      for (const auto& e : fs::directory_iterator(root))
+        if (e.path().extension() == ".tmp") fs::remove_all(e.path());
+    });
+  agree("publish the checkpoint");
+  return final_dir;
+}
+
+std::string latest_checkpoint(const std::string& root) {
+  std::vector<fs::path> all = complete_checkpoints(root);
+  return all.empty() ? "" : all.back().string();
+}
+
+CheckpointMeta read_meta(const std::string& dir) {
+  std::ifstream in(dir + "/meta.txt");
+  std::string line;
+  if (!in || !std::getline(in, line) || line != kMetaHeader)
+    throw std::runtime_error("'" + dir + "' is not a trainer checkpoint (no readable meta.txt)");
+  CheckpointMeta m;
+  size_t nhist = 0;
+  std::string key;
+  while (in >> key) {
+    if (key == "model_hash") {
+      std::string h;
+      in >> h;
+      m.model_hash = std::stoull(h, nullptr, 16);
+    } else if (key == "model") {
+      in >> std::ws;
+      std::getline(in, m.model);
+    } else if (key == "nranks") {
+      in >> m.nranks;
+    } else if (key == "shard_group") {
+      in >> m.shard_group;
+    } else if (key == "step") {
+      in >> m.step;
+    } else if (key == "steps") {
+      in >> m.steps;
+    } else if (key == "rng") {
+      in >> m.rng.s[0] >> m.rng.s[1] >> m.rng.s[2] >> m.rng.s[3];
+    } else if (key == "drawn") {
+      in >> m.drawn;
+    } else if (key == "history") {
+      in >> nhist;
+      for (size_t i = 0; i < nhist && in; ++i) {
+        HistoryRow h;
+        std::string loss, val;
+        in >> h.step >> loss >> val;
+        h.loss = std::stod(loss);
+        h.val = std::stod(val);
+        m.history.push_back(h);
+      }
+    } else {
+      throw std::runtime_error("checkpoint '" + dir + "': unknown field '" + key + "' in meta.txt");
+    }
+    if (!in) throw std::runtime_error("checkpoint '" + dir + "': malformed meta.txt near '" + key + "'");
+  }
+  return m;
+}
+
+void load_checkpoint(const std::string& dir, const CheckpointMeta& expect, int rank,
+                     const std::vector<StateBuffer>& mine) {
+  const CheckpointMeta meta = read_meta(dir);
+  if (meta.model_hash != expect.model_hash)
+    throw std::runtime_error("checkpoint '" + dir + "' is of another model:\n  checkpoint: " + meta.model +
+                             "\n  this run:   " + expect.model);
+  if (meta.nranks != expect.nranks || meta.shard_group != expect.shard_group)
+    throw std::runtime_error("checkpoint '" + dir + "' holds shards of " + std::to_string(meta.nranks) +
+                             " ranks in shard groups of " + std::to_string(meta.shard_group) + "; this run has " +
+                             std::to_string(expect.nranks) + " in groups of " + std::to_string(expect.shard_group) +
+                             " (resume with the same ranks)");
+  const std::string path = dir + "/rank-" + std::to_string(rank) + ".bin";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail_errno("cannot read checkpoint file", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const std::string s = ss.str();
+  if (s.size() < sizeof(kMagic) + sizeof(uint64_t) || std::memcmp(s.data(), kMagic, sizeof(kMagic)) != 0)
+    throw std::runtime_error("'" + path + "' is not a trainer checkpoint file");
+  size_t end = s.size() - sizeof(uint64_t), tail = end;
+  if (get<uint64_t>(s, &tail, path) != fnv1a(s.data(), end))
+    throw std::runtime_error("checkpoint file '" + path + "' is damaged (checksum mismatch)");
+  size_t pos = sizeof(kMagic);
+  const std::string body = s.substr(0, end);
+  if (get<uint32_t>(body, &pos, path) != kVersion)
+    throw std::runtime_error("checkpoint file '" + path + "' has an unknown format version");
+  const uint64_t hash = get<uint64_t>(body, &pos, path);
+  const int32_t r = get<int32_t>(body, &pos, path), n = get<int32_t>(body, &pos, path);
+  const int32_t step = get<int32_t>(body, &pos, path);
+  if (hash != meta.model_hash || r != rank || n != meta.nranks || step != meta.step)
+    throw std::runtime_error("checkpoint file '" + path + "' does not belong with its meta.txt");
+  const uint32_t nbuf = get<uint32_t>(body, &pos, path);
+  if (nbuf != mine.size())
+    throw std::runtime_error("checkpoint file '" + path + "' holds " + std::to_string(nbuf) +
+                             " buffers; this run has " + std::to_string(mine.size()));
+  for (const StateBuffer& b : mine) {
+    const uint32_t len = get<uint32_t>(body, &pos, path);
+    if (body.size() - pos < len) throw std::runtime_error("checkpoint file '" + path + "' is truncated");
+    const std::string name = body.substr(pos, len);
+    pos += len;
+    const uint64_t count = get<uint64_t>(body, &pos, path);
+    if (name != b.name || count != b.data.size())
+      throw std::runtime_error("checkpoint file '" + path + "' holds '" + name + "' of " + std::to_string(count) +
+                               " values where this run expects '" + b.name + "' of " + std::to_string(b.data.size()));
+    if (body.size() - pos < count * sizeof(float))
+      throw std::runtime_error("checkpoint file '" + path + "' is truncated");
+    std::memcpy(b.data.data(), body.data() + pos, count * sizeof(float));
+    pos += count * sizeof(float);
+  }
+}
+
+}  // namespace trainer

@@ -1,0 +1,58 @@
+// Sharded checkpoints, written atomically.
+//
+// A checkpoint is a directory <root>/step-NNNNNNNN holding one file per rank (rank-R.bin: that rank's shards and
+// experts, with a header naming the model, the rank and the step, and a checksum) and meta.txt (rank 0: the model,
+// the step, the sampler's state and the loss history). It is written as <root>/step-NNNNNNNN.tmp: every rank
+// writes and fsyncs its file, the ranks agree that all did, then rank 0 writes meta.txt, fsyncs the directory and
+// renames it to its final name, which is atomic. A directory named step-NNNNNNNN is therefore always complete, and
+// a rank killed at any moment leaves at worst a .tmp directory, which the next checkpoint removes and resuming
+// ignores.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "trainer/data.h"
+#include "trainer/model.h"
+
+namespace trainer {
+
+class Dist;
+
+struct HistoryRow {
+  int step = 0;
+  double loss = 0;  // training loss of the step
+  double val = -1;  // validation loss measured after the step, or -1
+};
+
+struct CheckpointMeta {
+  uint64_t model_hash = 0;
+  std::string model;  // ModelConfig::describe()
+  int nranks = 1, shard_group = 1;
+  int step = 0, steps = 0;  // steps done, steps planned
+  Rng rng;
+  uint64_t drawn = 0;
+  std::vector<HistoryRow> history;
+};
+
+// Collective over dist's world: writes <root>/step-<meta.step> as described above, then keeps the newest `keep`
+// checkpoints. `die_midway` (for the fault tests) is called halfway through writing this rank's file. Throws
+// std::runtime_error on any rank's failure. Returns the checkpoint's path.
+std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta, const std::vector<StateBuffer>& mine,
+                            Dist& dist, int keep, const std::function<void()>& die_midway = {});
+
+// The newest complete checkpoint under root, or "" when there is none.
+std::string latest_checkpoint(const std::string& root);
+
+// Reads a checkpoint's meta.txt. Throws std::runtime_error when dir is not a checkpoint.
+CheckpointMeta read_meta(const std::string& dir);
+
+// Checks that the checkpoint at dir fits this run (same model, same ranks and shard groups), then fills `mine` from
+// this rank's file, checking names, sizes and the checksum. Throws std::runtime_error saying what differs.
+void load_checkpoint(const std::string& dir, const CheckpointMeta& expect, int rank,
+                     const std::vector<StateBuffer>& mine);
+
+}  // namespace trainer

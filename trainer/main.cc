@@ -1,0 +1,506 @@
+// chorus-trainer: trains a small byte-level transformer language model, with FSDP (ZeRO-3) and expert-parallel
+// MoE over Chorus when a launcher starts it (`chorusrun -n 4 chorus-trainer`), or unsharded in one process when
+// run directly. Prints one line per step, a summary, and writes loss.png (gnuplot) next to the run's checkpoints.
+// docs/trainer.md describes what it does and what it measured.
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chorus/chorus.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "trainer/data.h"
+#include "trainer/dist.h"
+#include "trainer/ops.h"
+#include "trainer/trainer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace trainer;
+
+constexpr int kExitFailed = 1, kExitUsage = 2;
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  TrainConfig train;
+  std::string data = kDefaultCorpus;
+  double val_fraction = 0.1;
+  int eval_every = 50;
+  bool hybrid = false;
+  int shard_group = 0;
+  std::string out = "trainer-run";
+  int ckpt_every = 100, keep = 2;
+  bool resume = false, overwrite = false, plot = true;
+  std::string resume_from;
+  // Fault injection for the tests: rank kill_rank SIGKILLs itself in step kill_step (after its backward, before
+  // the optimizer), or halfway through writing its file of the checkpoint at that step.
+  int kill_rank = -1, kill_step = -1;
+  bool kill_in_checkpoint = false;
+};
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: chorus-trainer [options]          (one process, unsharded)\n"
+               "       chorusrun -n N chorus-trainer [options]   (N ranks: FSDP + expert parallelism)\n"
+               "data:\n"
+               "  --data PATH            text file, or directory of text files (default %s)\n"
+               "  --val-fraction F       share of the text held out for validation (default 0.1)\n"
+               "model:\n"
+               "  --seq-len T            context in bytes (default 64)\n"
+               "  --d-model D  --layers L  --heads H  --d-ff F     (defaults 128, 4, 4, 512)\n"
+               "  --experts E            experts per MoE block, 0 for a dense model (default 4)\n"
+               "  --top-k K  --capacity-factor C  --d-expert F  --moe-every M   (defaults 2, 1.25, 256, 2)\n"
+               "training:\n"
+               "  --steps S  --batch B   optimizer steps, global batch in sequences (defaults 300, 16)\n"
+               "  --lr LR  --min-lr LR  --warmup W   peak and final learning rate, warm-up steps (3e-3, 3e-4, 30)\n"
+               "  --weight-decay W  --clip G  --aux-weight A  --seed S   (0.1, 1.0, 0.01, 1)\n"
+               "  --eval-every N         validation every N steps and at the end (default 50; 0: only at the end)\n"
+               "  --eval-seqs N          validation windows (default 128)\n"
+               "parallelism (under a launcher):\n"
+               "  --shard-group G        shard over groups of G consecutive ranks, replicate across groups (HSDP)\n"
+               "  --hybrid               shard inside each host, replicate across hosts\n"
+               "  --no-prefetch          blocking all-gathers and reduce-scatters (no overlap), for comparison\n"
+               "  --compress             compressed reduce-scatter / all-gather (not supported yet)\n"
+               "  --device cpu|cuda      where to compute (cuda: not supported yet)\n"
+               "output and checkpoints:\n"
+               "  --out DIR              run directory: checkpoints/, loss.tsv, loss.png (default trainer-run)\n"
+               "  --ckpt-every N         checkpoint every N steps and at the end (default 100; 0: never)\n"
+               "  --keep K               checkpoints kept (default 2)\n"
+               "  --resume               continue from the newest checkpoint in DIR/checkpoints\n"
+               "  --resume-from CKPT     continue from the checkpoint directory CKPT\n"
+               "  --overwrite            start afresh even though DIR holds checkpoints (they are deleted)\n"
+               "  --no-plot              do not run gnuplot\n"
+               "testing:\n"
+               "  --kill-at R:S[:checkpoint]  rank R SIGKILLs itself in step S (or while writing checkpoint S)\n",
+               kDefaultCorpus);
+}
+
+template <typename T>
+T parse_number(const char* opt, const char* text) {
+  std::istringstream in(text);
+  T v{};
+  in >> v;
+  if (!in || !in.eof()) throw UsageError(std::string("--") + opt + ": '" + text + "' is not a number");
+  return v;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  ModelConfig& m = o.train.model;
+  m.n_experts = 4;
+  enum : int {
+    kData = 256,
+    kValFraction,
+    kSeqLen,
+    kDModel,
+    kLayers,
+    kHeads,
+    kDff,
+    kExperts,
+    kTopK,
+    kCapacity,
+    kDExpert,
+    kMoeEvery,
+    kSteps,
+    kBatch,
+    kLr,
+    kMinLr,
+    kWarmup,
+    kWd,
+    kClip,
+    kAux,
+    kSeed,
+    kEvalEvery,
+    kEvalSeqs,
+    kShardGroup,
+    kHybrid,
+    kNoPrefetch,
+    kCompress,
+    kDevice,
+    kOut,
+    kCkptEvery,
+    kKeep,
+    kResume,
+    kResumeFrom,
+    kOverwrite,
+    kNoPlot,
+    kKillAt,
+    kHelp
+  };
+  static const option opts[] = {
+      {"data", required_argument, nullptr, kData},
+      {"val-fraction", required_argument, nullptr, kValFraction},
+      {"seq-len", required_argument, nullptr, kSeqLen},
+      {"d-model", required_argument, nullptr, kDModel},
+      {"layers", required_argument, nullptr, kLayers},
+      {"heads", required_argument, nullptr, kHeads},
+      {"d-ff", required_argument, nullptr, kDff},
+      {"experts", required_argument, nullptr, kExperts},
+      {"top-k", required_argument, nullptr, kTopK},
+      {"capacity-factor", required_argument, nullptr, kCapacity},
+      {"d-expert", required_argument, nullptr, kDExpert},
+      {"moe-every", required_argument, nullptr, kMoeEvery},
+      {"steps", required_argument, nullptr, kSteps},
+      {"batch", required_argument, nullptr, kBatch},
+      {"lr", required_argument, nullptr, kLr},
+      {"min-lr", required_argument, nullptr, kMinLr},
+      {"warmup", required_argument, nullptr, kWarmup},
+      {"weight-decay", required_argument, nullptr, kWd},
+      {"clip", required_argument, nullptr, kClip},
+      {"aux-weight", required_argument, nullptr, kAux},
+      {"seed", required_argument, nullptr, kSeed},
+      {"eval-every", required_argument, nullptr, kEvalEvery},
+      {"eval-seqs", required_argument, nullptr, kEvalSeqs},
+      {"shard-group", required_argument, nullptr, kShardGroup},
+      {"hybrid", no_argument, nullptr, kHybrid},
+      {"no-prefetch", no_argument, nullptr, kNoPrefetch},
+      {"compress", no_argument, nullptr, kCompress},
+      {"device", required_argument, nullptr, kDevice},
+      {"out", required_argument, nullptr, kOut},
+      {"ckpt-every", required_argument, nullptr, kCkptEvery},
+      {"keep", required_argument, nullptr, kKeep},
+      {"resume", no_argument, nullptr, kResume},
+      {"resume-from", required_argument, nullptr, kResumeFrom},
+      {"overwrite", no_argument, nullptr, kOverwrite},
+      {"no-plot", no_argument, nullptr, kNoPlot},
+      {"kill-at", required_argument, nullptr, kKillAt},
+      {"help", no_argument, nullptr, kHelp},
+      {nullptr, 0, nullptr, 0},
+  };
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "h", opts, nullptr)) != -1) {
+    const char* name = c >= kData && c < kHelp ? opts[c - kData].name : "";
+    auto num_i = [&] { return parse_number<int>(name, optarg); };
+    auto num_f = [&] { return parse_number<float>(name, optarg); };
+    switch (c) {
+      case kData: o.data = optarg; break;
+      case kValFraction: o.val_fraction = parse_number<double>(name, optarg); break;
+      case kSeqLen: m.seq_len = num_i(); break;
+      case kDModel: m.d_model = num_i(); break;
+      case kLayers: m.n_layers = num_i(); break;
+      case kHeads: m.n_heads = num_i(); break;
+      case kDff: m.d_ff = num_i(); break;
+      case kExperts: m.n_experts = num_i(); break;
+      case kTopK: m.top_k = num_i(); break;
+      case kCapacity: m.capacity_factor = num_f(); break;
+      case kDExpert: m.d_expert = num_i(); break;
+      case kMoeEvery: m.moe_every = num_i(); break;
+      case kSteps: o.train.steps = num_i(); break;
+      case kBatch: o.train.batch = num_i(); break;
+      case kLr: o.train.lr = num_f(); break;
+      case kMinLr: o.train.min_lr = num_f(); break;
+      case kWarmup: o.train.warmup = num_i(); break;
+      case kWd: o.train.adam.weight_decay = num_f(); break;
+      case kClip: o.train.clip = num_f(); break;
+      case kAux: o.train.aux_weight = num_f(); break;
+      case kSeed: o.train.seed = parse_number<uint64_t>(name, optarg); break;
+      case kEvalEvery: o.eval_every = num_i(); break;
+      case kEvalSeqs: o.train.eval_seqs = num_i(); break;
+      case kShardGroup: o.shard_group = num_i(); break;
+      case kHybrid: o.hybrid = true; break;
+      case kNoPrefetch: o.train.prefetch = false; break;
+      case kCompress:
+        throw UsageError(
+            "--compress: not supported yet: compressed reduce-scatter and all-gather come with Chorus's compression "
+            "support (the compression issue); run without --compress");
+      case kDevice:
+        if (std::string(optarg) == "cuda")
+          throw UsageError(
+              "--device cuda: not supported yet: the trainer's GPU path (cuBLAS, device buffers) comes with Chorus's "
+              "CUDA support (the CUDA issue); this build computes on the CPU with OpenBLAS");
+        if (std::string(optarg) != "cpu")
+          throw UsageError("--device: '" + std::string(optarg) + "' is not cpu or cuda");
+        break;
+      case kOut: o.out = optarg; break;
+      case kCkptEvery: o.ckpt_every = num_i(); break;
+      case kKeep: o.keep = num_i(); break;
+      case kResume: o.resume = true; break;
+      case kResumeFrom: o.resume_from = optarg; break;
+      case kOverwrite: o.overwrite = true; break;
+      case kNoPlot: o.plot = false; break;
+      case kKillAt: {
+        char where[32] = "";
+        if (std::sscanf(optarg, "%d:%d:%31s", &o.kill_rank, &o.kill_step, where) < 2 ||
+            (where[0] && std::string(where) != "checkpoint"))
+          throw UsageError("--kill-at: '" + std::string(optarg) + "' is not RANK:STEP or RANK:STEP:checkpoint");
+        o.kill_in_checkpoint = where[0] != 0;
+        break;
+      }
+      case kHelp:
+      case 'h': usage(stdout); std::exit(0);
+      default: throw UsageError(std::string("unknown or incomplete option '") + argv[optind - 1] + "' (see --help)");
+    }
+  }
+  if (optind < argc) throw UsageError(std::string("unexpected argument '") + argv[optind] + "' (see --help)");
+  if (o.hybrid && o.shard_group > 0) throw UsageError("--hybrid and --shard-group exclude each other");
+  if (o.eval_every < 0 || o.ckpt_every < 0 || o.keep < 1)
+    throw UsageError("--eval-every and --ckpt-every must be >= 0, --keep >= 1");
+  return o;
+}
+
+// Under a launcher (chorusrun, torchrun, mpirun, srun) with more than one process?
+bool launched() {
+  if (std::getenv("CHORUS_RANK")) return true;
+  static const std::pair<const char*, const char*> kVars[] = {
+      {"RANK", "WORLD_SIZE"}, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"}};
+  for (const auto& [r, s] : kVars)
+    if (std::getenv(r) && std::getenv(s) && std::atoi(std::getenv(s)) > 1) return true;
+  return std::getenv("SLURM_STEP_ID") && std::getenv("SLURM_NTASKS") && std::atoi(std::getenv("SLURM_NTASKS")) > 1;
+}
+
+// This host's identity (host name, boot, network namespace), so that ranks can tell which of them share a host.
+uint64_t host_identity() {
+  std::string id;
+  char name[256] = "";
+  gethostname(name, sizeof(name) - 1);
+  id += name;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string b;
+  std::getline(boot, b);
+  id += "|" + b;
+  std::error_code ec;
+  id += "|" + fs::read_symlink("/proc/self/ns/net", ec).string();
+  uint64_t h = 0;
+  for (unsigned char ch : id) h = hash_combine(h, ch);
+  return h;
+}
+
+// --hybrid: ranks per host, which must come in equal blocks of consecutive ranks.
+int ranks_per_host(chorus::Comm& world) {
+  const uint64_t mine = host_identity();
+  std::vector<uint64_t> all(world.size());
+  world.all_gather(std::span<const uint64_t>(&mine, 1), std::span<uint64_t>(all));
+  int g = 1;
+  while (g < int(all.size()) && all[g] == all[0]) ++g;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (int(all.size()) % g != 0 || all[i] != all[i / g * g] || (i % g == 0 && i > 0 && all[i] == all[i - 1]))
+      throw std::invalid_argument(
+          "--hybrid needs the same number of ranks on every host, in blocks of consecutive "
+          "ranks (use --shard-group G to choose the groups yourself)");
+  return g;
+}
+
+std::string mb(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2f MB", bytes / 1e6);
+  return b;
+}
+
+// Writes loss.tsv and val.tsv from the history and plots them into loss.png with gnuplot.
+void write_plot(const std::string& dir, const std::vector<HistoryRow>& history, double unigram, bool plot,
+                const std::string& title) {
+  {
+    std::ofstream loss(dir + "/loss.tsv"), val(dir + "/val.tsv");
+    loss << "# step\ttrain_loss\n";
+    val << "# step\tval_loss\n";
+    char line[64];
+    for (const HistoryRow& h : history) {
+      std::snprintf(line, sizeof(line), "%d\t%.9g\n", h.step, h.loss);
+      loss << line;
+      if (h.val >= 0) {
+        std::snprintf(line, sizeof(line), "%d\t%.9g\n", h.step, h.val);
+        val << line;
+      }
+    }
+  }
+  if (!plot || history.empty()) return;
+  for (const char* terminal : {"pngcairo", "png"}) {
+    {
+      std::ofstream gp(dir + "/loss.gp");
+      gp << "set terminal " << terminal << " size 900,540\n"
+         << "set output 'loss.png'\n"
+         << "set title \"" << title << "\" noenhanced\n"
+         << "set xlabel 'step'\nset ylabel 'loss (nats per byte)'\nset grid\nset key top right\n"
+         << "plot 'loss.tsv' using 1:2 with lines lw 1 lc rgb '#7f9fcf' title 'training (batch)', \\\n"
+         << "     'val.tsv' using 1:2 with linespoints lw 2 pt 7 lc rgb '#c03030' title 'validation', \\\n"
+         << "     " << unigram << " with lines dt 2 lw 2 lc rgb '#404040' title 'unigram baseline'\n";
+    }
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (chdir(dir.c_str()) != 0) _exit(127);
+      const int null = open("/dev/null", O_WRONLY);
+      if (null >= 0) dup2(null, 2);
+      execlp("gnuplot", "gnuplot", "loss.gp", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    int status = 0;
+    if (pid > 0) waitpid(pid, &status, 0);
+    if (pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+    if (pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+      std::printf("plot: gnuplot not found (Debian: gnuplot-nox); the curve is in %s/loss.tsv\n", dir.c_str());
+      return;
+    }
+  }
+  std::printf("plot: gnuplot failed; the curve is in %s/loss.tsv\n", dir.c_str());
+}
+
+int run(const Options& o) {
+  blas_init();
+  std::unique_ptr<chorus::Comm> world;
+  if (launched()) world = std::make_unique<chorus::Comm>(chorus::Comm::from_env());
+  const int rank = world ? world->rank() : 0;
+  const bool lead = rank == 0;
+
+  int shard_group = o.shard_group;
+  if (o.hybrid && world) shard_group = ranks_per_host(*world);
+  Dist dist = world ? Dist(*world, shard_group) : Dist();
+
+  const Corpus corpus = Corpus::load(o.data, o.val_fraction, size_t(o.train.model.seq_len) + 1);
+  Trainer trainer(o.train, corpus, dist);
+  const double unigram = unigram_baseline(corpus);
+
+  const std::string ckpt_root = o.out + "/checkpoints";
+  std::string resume_dir = o.resume_from;
+  if (o.resume && resume_dir.empty()) {
+    resume_dir = latest_checkpoint(ckpt_root);
+    if (resume_dir.empty()) throw std::runtime_error("--resume: no checkpoint under '" + ckpt_root + "'");
+  }
+  if (resume_dir.empty() && !latest_checkpoint(ckpt_root).empty()) {
+    if (!o.overwrite)
+      throw std::runtime_error("'" + ckpt_root + "' holds checkpoints of an earlier run: pass --resume to continue " +
+                               "it, --overwrite to start afresh, or another --out");
+    if (world) world->barrier();  // every rank has looked before rank 0 deletes
+    if (lead) fs::remove_all(ckpt_root);
+  }
+  if (!resume_dir.empty()) trainer.resume(resume_dir);
+  if (lead) fs::create_directories(o.out);
+
+  const ModelConfig& m = o.train.model;
+  const ParamStore::Memory mem = trainer.memory();
+  const int N = dist.nranks();
+  if (lead) {
+    std::printf("chorus-trainer: %s\n", m.describe().c_str());
+    std::printf("data: %s: %zu training bytes, %zu held out; unigram baseline %.4f nats/byte\n", corpus.source.c_str(),
+                corpus.train.size(), corpus.val.size(), unigram);
+    if (world)
+      std::printf("parallel: %d ranks; FSDP shard groups of %d%s; %s; all-gather prefetch %s\n", N, dist.shard_size(),
+                  dist.replicas() > 1 ? (", " + std::to_string(dist.replicas()) + " replicas (hybrid)").c_str() : "",
+                  m.n_experts ? (std::to_string(m.n_experts / N) + " expert(s) per rank").c_str() : "dense",
+                  o.train.prefetch ? "on" : "off");
+    else
+      std::printf("parallel: one process, unsharded\n");
+    std::printf("state per rank: params %s, grads %s, optimizer %s; gather buffers %s\n", mb(mem.params).c_str(),
+                mb(mem.grads).c_str(), mb(mem.optimizer).c_str(), mb(mem.transient).c_str());
+    std::printf("batch %d x %d bytes, %d steps%s\n", o.train.batch, m.seq_len, o.train.steps,
+                resume_dir.empty() ? "" : (", resumed from " + resume_dir).c_str());
+    std::fflush(stdout);
+  }
+
+  const auto t_start = std::chrono::steady_clock::now();
+  const int first_step = trainer.step_count();
+  const size_t tokens_per_step = size_t(o.train.batch) * m.seq_len;
+  double comm_s = 0, last_val = -1, train_s = 0;
+  uint64_t comm_bytes = 0, comm_calls = 0;
+  std::string last_ckpt;
+  while (trainer.step_count() < o.train.steps) {
+    std::function<void()> die_mid_step;
+    if (rank == o.kill_rank && trainer.step_count() + 1 == o.kill_step && !o.kill_in_checkpoint)
+      die_mid_step = [] { raise(SIGKILL); };
+    const Trainer::StepResult r = trainer.step(die_mid_step);
+    comm_s += r.comm.seconds;
+    comm_bytes += r.comm.bytes;
+    comm_calls += r.comm.calls;
+    train_s += r.seconds;
+    if (lead) {
+      std::printf("step %5d/%d  loss %.6f  aux %.4f  lr %.2e  |g| %.3f  %7.0f tok/s  comm %6.1f ms (%2.0f%%) %s\n",
+                  r.step, o.train.steps, r.loss, r.aux, r.lr, r.grad_norm, tokens_per_step / r.seconds,
+                  r.comm.seconds * 1e3, 100 * r.comm.seconds / r.seconds, mb(double(r.comm.bytes)).c_str());
+      std::fflush(stdout);
+    }
+    const bool last = r.step == o.train.steps;
+    if ((o.eval_every > 0 && r.step % o.eval_every == 0) || last) {
+      last_val = trainer.evaluate();
+      if (lead) {
+        std::printf("eval  step %d: validation loss %.4f nats/byte (unigram baseline %.4f)\n", r.step, last_val,
+                    unigram);
+        std::fflush(stdout);
+      }
+    }
+    if (o.ckpt_every > 0 && (r.step % o.ckpt_every == 0 || last)) {
+      std::function<void()> die;
+      if (rank == o.kill_rank && r.step == o.kill_step && o.kill_in_checkpoint) die = [] { raise(SIGKILL); };
+      last_ckpt = trainer.save(ckpt_root, o.keep, die);
+      if (lead) {
+        std::printf("checkpoint: %s\n", last_ckpt.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+
+  if (lead) {
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    const auto& h = trainer.history();
+    const int done = trainer.step_count() - first_step;
+    double recent = 0;
+    int nrecent = 0;
+    for (size_t i = h.size() >= 10 ? h.size() - 10 : 0; i < h.size(); ++i, ++nrecent) recent += h[i].loss;
+    if (last_val < 0)
+      for (const HistoryRow& row : h)
+        if (row.val >= 0) last_val = row.val;
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    std::printf("== summary\n");
+    std::printf("steps: %d run now (%d to %d), %zu tokens in %.1f s: %.0f tokens/s\n", done, first_step + 1,
+                trainer.step_count(), done * tokens_per_step, wall, train_s > 0 ? done * tokens_per_step / train_s : 0);
+    if (nrecent) std::printf("training loss (mean of the last %d steps): %.4f nats/byte\n", nrecent, recent / nrecent);
+    if (last_val >= 0)
+      std::printf("validation loss: %.4f nats/byte; unigram baseline %.4f (%.4f %s it)\n", last_val, unigram,
+                  std::fabs(unigram - last_val), last_val < unigram ? "below" : "above");
+    std::printf("communication (rank 0): %.2f s (%.0f%% of step time), %s in %llu calls\n", comm_s,
+                train_s > 0 ? 100 * comm_s / train_s : 0, mb(double(comm_bytes)).c_str(),
+                static_cast<unsigned long long>(comm_calls));
+    std::printf(
+        "state per rank: params %s + grads %s + optimizer %s = %s (1/%d of the dense model each); gather "
+        "buffers %s; peak RSS %.1f MB\n",
+        mb(mem.params).c_str(), mb(mem.grads).c_str(), mb(mem.optimizer).c_str(),
+        mb(mem.params + mem.grads + mem.optimizer).c_str(), dist.shard_size(), mb(mem.transient).c_str(),
+        ru.ru_maxrss / 1e3);
+    if (!last_ckpt.empty()) std::printf("checkpoint: %s\n", last_ckpt.c_str());
+    char title[160];
+    std::snprintf(title, sizeof(title), "chorus-trainer, %d rank(s): %s", N, m.describe().c_str());
+    write_plot(o.out, h, unigram, o.plot, title);
+    std::printf("loss curve: %s/loss.tsv, %s/val.tsv%s\n", o.out.c_str(), o.out.c_str(),
+                o.plot && fs::exists(o.out + "/loss.png") ? (", plot " + o.out + "/loss.png").c_str() : "");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "chorus-trainer: %s\n", e.what());
+    return kExitUsage;
+  }
+  try {
+    return run(o);
+  } catch (const chorus::CommError& e) {
+    std::fprintf(stderr, "chorus-trainer: communication failed: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorus-trainer: error: %s\n", e.what());
+  }
+  return kExitFailed;
+}
