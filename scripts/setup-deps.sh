@@ -12,6 +12,8 @@ packages=(
   libhwloc-dev          # topology discovery: NUMA nodes, cores, GPUs and NICs (src/topology/discover.cc)
   openmpi-bin libopenmpi-dev  # perf/compare baseline
   iproute2              # emulated hosts (network namespaces)
+  libopenblas-dev       # the reference trainer's matrix products (trainer/ is built only when OpenBLAS is found)
+  gnuplot-nox           # the reference trainer's loss-curve plot (loss.png)
 )
 
 missing=()

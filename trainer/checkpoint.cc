@@ -257,8 +257,8 @@ CheckpointMeta read_meta(const std::string& dir) {
   return m;
 }
 
-void load_checkpoint(const std::string& dir, const CheckpointMeta& expect, int rank,
-                     const std::vector<StateBuffer>& mine) {
+CheckpointMeta load_checkpoint(const std::string& dir, const CheckpointMeta& expect, int rank,
+                               const std::vector<StateBuffer>& mine) {
   const CheckpointMeta meta = read_meta(dir);
   if (meta.model_hash != expect.model_hash)
     throw std::runtime_error("checkpoint '" + dir + "' is of another model:\n  checkpoint: " + meta.model +
@@ -306,6 +306,7 @@ void load_checkpoint(const std::string& dir, const CheckpointMeta& expect, int r
     std::memcpy(b.data.data(), body.data() + pos, count * sizeof(float));
     pos += count * sizeof(float);
   }
+  return meta;
 }
 
 }  // namespace trainer

@@ -51,8 +51,9 @@ std::string latest_checkpoint(const std::string& root);
 CheckpointMeta read_meta(const std::string& dir);
 
 // Checks that the checkpoint at dir fits this run (same model, same ranks and shard groups), then fills `mine` from
-// this rank's file, checking names, sizes and the checksum. Throws std::runtime_error saying what differs.
-void load_checkpoint(const std::string& dir, const CheckpointMeta& expect, int rank,
-                     const std::vector<StateBuffer>& mine);
+// this rank's file, checking names, sizes and the checksum, and returns its metadata. Throws std::runtime_error
+// saying what differs.
+CheckpointMeta load_checkpoint(const std::string& dir, const CheckpointMeta& expect, int rank,
+                               const std::vector<StateBuffer>& mine);
 
 }  // namespace trainer

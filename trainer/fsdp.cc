@@ -75,14 +75,6 @@ ShardedParams::ShardedParams(const ModelConfig& c, const std::vector<Unit>& unit
   for (Slot& s : gslot_) s.buf.assign(largest, 0.f);
 }
 
-ShardedParams::~ShardedParams() {
-  // A request must not outlive its buffers; on an error path the communicator may already be broken.
-  for (Slot* s : {&pslot_[0], &pslot_[1], &gslot_[0], &gslot_[1]}) try {
-      if (s->in_flight) s->pending.wait();
-    } catch (...) {
-    }
-}
-
 void ShardedParams::wait(Slot& s) {
   if (s.in_flight) {
     dist_.stats.wait(s.pending);

@@ -59,7 +59,6 @@ class ShardedParams : public ParamStore {
   // prefetch: issue all-gathers ahead and reduce-scatters in the background (the default); without it every
   // collective blocks where it is needed, for comparison.
   ShardedParams(const ModelConfig& c, const std::vector<Unit>& units, uint64_t seed, Dist& dist, bool prefetch);
-  ~ShardedParams() override;
 
   void begin_pass(bool with_backward) override;
   const float* forward_params(int u) override;
@@ -73,7 +72,10 @@ class ShardedParams : public ParamStore {
   Memory memory() const override;
 
  private:
-  struct Slot {  // one full-unit buffer
+  // One full-unit buffer. Members are destroyed in reverse order, so a request still in flight (on an error path)
+  // is waited for by its destructor before its buffer goes; the shards it reads or writes are members declared
+  // before the slots, so they outlive it too.
+  struct Slot {
     std::vector<float> buf;
     int unit = -1;            // the unit whose parameters (or gradient) it holds, -1 when free
     chorus::Request pending;  // its all-gather or reduce-scatter, when in flight

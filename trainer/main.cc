@@ -459,8 +459,11 @@ int run(const Options& o) {
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
     std::printf("== summary\n");
-    std::printf("steps: %d run now (%d to %d), %zu tokens in %.1f s: %.0f tokens/s\n", done, first_step + 1,
-                trainer.step_count(), done * tokens_per_step, wall, train_s > 0 ? done * tokens_per_step / train_s : 0);
+    if (done > 0)
+      std::printf("steps: %d run now (%d to %d), %zu tokens in %.1f s: %.0f tokens/s\n", done, first_step + 1,
+                  trainer.step_count(), done * tokens_per_step, wall, done * tokens_per_step / train_s);
+    else
+      std::printf("steps: none to run (the run is at step %d of %d)\n", trainer.step_count(), o.train.steps);
     if (nrecent) std::printf("training loss (mean of the last %d steps): %.4f nats/byte\n", nrecent, recent / nrecent);
     if (last_val >= 0)
       std::printf("validation loss: %.4f nats/byte; unigram baseline %.4f (%.4f %s it)\n", last_val, unigram,
@@ -468,15 +471,14 @@ int run(const Options& o) {
     std::printf("communication (rank 0): %.2f s (%.0f%% of step time), %s in %llu calls\n", comm_s,
                 train_s > 0 ? 100 * comm_s / train_s : 0, mb(double(comm_bytes)).c_str(),
                 static_cast<unsigned long long>(comm_calls));
-    std::printf(
-        "state per rank: params %s + grads %s + optimizer %s = %s (1/%d of the dense model each); gather "
-        "buffers %s; peak RSS %.1f MB\n",
-        mb(mem.params).c_str(), mb(mem.grads).c_str(), mb(mem.optimizer).c_str(),
-        mb(mem.params + mem.grads + mem.optimizer).c_str(), dist.shard_size(), mb(mem.transient).c_str(),
-        ru.ru_maxrss / 1e3);
+    std::printf("state per rank: params %s + grads %s + optimizer %s = %s; gather buffers %s; peak RSS %.1f MB\n",
+                mb(mem.params).c_str(), mb(mem.grads).c_str(), mb(mem.optimizer).c_str(),
+                mb(mem.params + mem.grads + mem.optimizer).c_str(), mb(mem.transient).c_str(), ru.ru_maxrss / 1e3);
     if (!last_ckpt.empty()) std::printf("checkpoint: %s\n", last_ckpt.c_str());
     char title[160];
-    std::snprintf(title, sizeof(title), "chorus-trainer, %d rank(s): %s", N, m.describe().c_str());
+    std::snprintf(
+        title, sizeof(title), "chorus-trainer, %d rank(s): d_model %d, %d layers, %s", N, m.d_model, m.n_layers,
+        m.n_experts ? (std::to_string(m.n_experts) + " experts, top-" + std::to_string(m.top_k)).c_str() : "dense");
     write_plot(o.out, h, unigram, o.plot, title);
     std::printf("loss curve: %s/loss.tsv, %s/val.tsv%s\n", o.out.c_str(), o.out.c_str(),
                 o.plot && fs::exists(o.out + "/loss.png") ? (", plot " + o.out + "/loss.png").c_str() : "");

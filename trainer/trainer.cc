@@ -131,9 +131,7 @@ std::string Trainer::save(const std::string& root, int keep, const std::function
 }
 
 void Trainer::resume(const std::string& dir) {
-  const CheckpointMeta expect = meta();
-  load_checkpoint(dir, expect, dist_.rank(), state());
-  const CheckpointMeta m = read_meta(dir);
+  const CheckpointMeta m = load_checkpoint(dir, meta(), dist_.rank(), state());
   step_ = m.step;
   sampler_.rng_ = m.rng;
   sampler_.drawn = m.drawn;

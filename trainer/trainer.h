@@ -59,7 +59,6 @@ class Trainer {
 
   int step_count() const { return step_; }
   const std::vector<HistoryRow>& history() const { return history_; }
-  int eval_windows() const { return int(val_.size() / (cfg_.model.seq_len + 1)); }
 
   // Parameters, gradients and optimizer state this rank holds (dense shard plus its experts), and the transient
   // gather buffers.
