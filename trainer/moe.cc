@@ -78,7 +78,7 @@ void MoeLayer::to_expert_layout(const std::vector<float>& recv, std::vector<floa
   for (int le = 0; le < local_; ++le)
     for (int src = 0; src < nranks_; ++src) {
       const size_t b = size_t(src) * local_ + le;
-      std::memcpy(&xe[dst * d], &recv[off[b] * d], from_rows_[b] * d * sizeof(float));
+      if (from_rows_[b]) std::memcpy(&xe[dst * d], &recv[off[b] * d], from_rows_[b] * d * sizeof(float));
       dst += from_rows_[b];
     }
 }
@@ -92,7 +92,7 @@ void MoeLayer::from_expert_layout(const std::vector<float>& xe, std::vector<floa
   for (int le = 0; le < local_; ++le)
     for (int src = 0; src < nranks_; ++src) {
       const size_t b = size_t(src) * local_ + le;
-      std::memcpy(&recv[off[b] * d], &xe[src_row * d], from_rows_[b] * d * sizeof(float));
+      if (from_rows_[b]) std::memcpy(&recv[off[b] * d], &xe[src_row * d], from_rows_[b] * d * sizeof(float));
       src_row += from_rows_[b];
     }
 }
@@ -197,9 +197,9 @@ double MoeLayer::forward(const float* router, const float* h, float* y, int nseq
     for (int src = 0; src < nranks_; ++src) m += from_rows_[size_t(src) * local_ + le];
     const float* w1 = &params_[le * en];
     const float* w2 = w1 + w1n;
-    gemm(false, false, int(m), de, d, 1.f, &xe_[row * d], d, w1, de, 0.f, &ue_[row * de], de);
-    gelu_forward(&ue_[row * de], &ae_[row * de], m * de);
-    gemm(false, false, int(m), d, de, 1.f, &ae_[row * de], de, w2, d, 0.f, &ye_[row * d], d);
+    gemm(false, false, int(m), de, d, 1.f, xe_.data() + row * d, d, w1, de, 0.f, ue_.data() + row * de, de);
+    gelu_forward(ue_.data() + row * de, ae_.data() + row * de, m * de);
+    gemm(false, false, int(m), d, de, 1.f, ae_.data() + row * de, de, w2, d, 0.f, ye_.data() + row * d, d);
     row += m;
   }
 
@@ -245,12 +245,12 @@ void MoeLayer::backward(const float* router, const float* h, const float* dy, fl
     const float* w2 = w1 + w1n;
     float* g1 = &grads_[le * en];
     float* g2 = g1 + w1n;
-    float* du = &dU[row * de];
-    gemm(false, true, int(m), de, d, 1.f, &ye_[row * d], d, w2, d, 0.f, du, de);
-    gemm(true, false, de, d, int(m), 1.f, &ae_[row * de], de, &ye_[row * d], d, 0.f, g2, d);
-    gelu_backward(&ue_[row * de], du, du, m * de);
-    gemm(true, false, d, de, int(m), 1.f, &xe_[row * d], d, du, de, 0.f, g1, de);
-    gemm(false, true, int(m), d, de, 1.f, du, de, w1, de, 0.f, &dX[row * d], d);
+    float* du = dU.data() + row * de;
+    gemm(false, true, int(m), de, d, 1.f, ye_.data() + row * d, d, w2, d, 0.f, du, de);
+    gemm(true, false, de, d, int(m), 1.f, ae_.data() + row * de, de, ye_.data() + row * d, d, 0.f, g2, d);
+    gelu_backward(ue_.data() + row * de, du, du, m * de);
+    gemm(true, false, d, de, int(m), 1.f, xe_.data() + row * d, d, du, de, 0.f, g1, de);
+    gemm(false, true, int(m), d, de, 1.f, du, de, w1, de, 0.f, dX.data() + row * d, d);
     row += m;
   }
   from_expert_layout(dX, recvbuf_);
