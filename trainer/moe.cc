@@ -68,32 +68,19 @@ void MoeLayer::exchange(const std::vector<float>& send, const std::vector<size_t
     call();
 }
 
-void MoeLayer::to_expert_layout(const std::vector<float>& recv, std::vector<float>& xe) const {
+void MoeLayer::relayout(const std::vector<float>& in, std::vector<float>& out, bool to_experts) const {
   const size_t d = c_.d_model;
-  xe.resize(recv.size());
+  out.resize(in.size());
   // Row offset of block (src, le) in the receive layout.
   std::vector<size_t> off(from_rows_.size());
   std::exclusive_scan(from_rows_.begin(), from_rows_.end(), off.begin(), size_t{0});
-  size_t dst = 0;
+  size_t row = 0;  // in the expert layout
   for (int le = 0; le < local_; ++le)
     for (int src = 0; src < nranks_; ++src) {
-      const size_t b = size_t(src) * local_ + le;
-      if (from_rows_[b]) std::memcpy(&xe[dst * d], &recv[off[b] * d], from_rows_[b] * d * sizeof(float));
-      dst += from_rows_[b];
-    }
-}
-
-void MoeLayer::from_expert_layout(const std::vector<float>& xe, std::vector<float>& recv) const {
-  const size_t d = c_.d_model;
-  recv.resize(xe.size());
-  std::vector<size_t> off(from_rows_.size());
-  std::exclusive_scan(from_rows_.begin(), from_rows_.end(), off.begin(), size_t{0});
-  size_t src_row = 0;
-  for (int le = 0; le < local_; ++le)
-    for (int src = 0; src < nranks_; ++src) {
-      const size_t b = size_t(src) * local_ + le;
-      if (from_rows_[b]) std::memcpy(&recv[off[b] * d], &xe[src_row * d], from_rows_[b] * d * sizeof(float));
-      src_row += from_rows_[b];
+      const size_t b = size_t(src) * local_ + le, bytes = from_rows_[b] * d * sizeof(float);
+      if (bytes && to_experts) std::memcpy(&out[row * d], &in[off[b] * d], bytes);
+      if (bytes && !to_experts) std::memcpy(&out[off[b] * d], &in[row * d], bytes);
+      row += from_rows_[b];
     }
 }
 
@@ -184,7 +171,7 @@ double MoeLayer::forward(const float* router, const float* h, float* y, int nseq
   for (size_t a = 0; a < routes_.size(); ++a)
     std::memcpy(&sendbuf_[a * d], h + size_t(routes_[a].token) * d, d * sizeof(float));
   exchange(sendbuf_, send_rows_, recvbuf_, recv_rows_);
-  to_expert_layout(recvbuf_, xe_);
+  relayout(recvbuf_, xe_, true);
 
   // Experts: each runs on its contiguous rows.
   const size_t M = xe_.size() / d, en = expert_numel(), w1n = size_t(d) * de;
@@ -204,7 +191,7 @@ double MoeLayer::forward(const float* router, const float* h, float* y, int nseq
   }
 
   // Combine: outputs come back in dispatch order; each token sums its gated expert outputs.
-  from_expert_layout(ye_, recvbuf_);
+  relayout(ye_, recvbuf_, false);
   exchange(recvbuf_, recv_rows_, out_, send_rows_);
   std::fill(y, y + size_t(n) * d, 0.f);
   for (size_t a = 0; a < routes_.size(); ++a) {
@@ -232,7 +219,7 @@ void MoeLayer::backward(const float* router, const float* h, const float* dy, fl
     for (int j = 0; j < d; ++j) sendbuf_[a * d + j] = routes_[a].gate * dyr[j];
   }
   exchange(sendbuf_, send_rows_, recvbuf_, recv_rows_);
-  to_expert_layout(recvbuf_, ye_);  // ye_ now holds d output [M, d]
+  relayout(recvbuf_, ye_, true);  // ye_ now holds d output [M, d]
 
   // Experts: dA = dY w2^T, dw2 = A^T dY, dU = gelu'(U) dA, dw1 = X^T dU, dX = dU w1^T.
   const size_t M = xe_.size() / d, en = expert_numel(), w1n = size_t(d) * de;
@@ -253,7 +240,7 @@ void MoeLayer::backward(const float* router, const float* h, const float* dy, fl
     gemm(false, true, int(m), d, de, 1.f, du, de, w1, de, 0.f, dX.data() + row * d, d);
     row += m;
   }
-  from_expert_layout(dX, recvbuf_);
+  relayout(dX, recvbuf_, false);
   exchange(recvbuf_, recv_rows_, sendbuf_, send_rows_);
   for (size_t a = 0; a < R; ++a) {
     float* dhr = dh + size_t(routes_[a].token) * d;

@@ -73,9 +73,9 @@ class MoeLayer {
   void exchange(const std::vector<float>& send, const std::vector<size_t>& send_rows, std::vector<float>& recv,
                 const std::vector<size_t>& recv_rows);
   // Moves rows between the receive layout (by source rank, then local expert) and the expert layout (by local expert,
-  // then source rank), so each expert's rows are contiguous for its matrix products.
-  void to_expert_layout(const std::vector<float>& recv, std::vector<float>& xe) const;
-  void from_expert_layout(const std::vector<float>& xe, std::vector<float>& recv) const;
+  // then source rank), so each expert's rows are contiguous for its matrix products: receive -> expert when
+  // to_experts, else back.
+  void relayout(const std::vector<float>& in, std::vector<float>& out, bool to_experts) const;
 
   MoeConfig c_;
   chorus::Comm* ep_;
