@@ -1,0 +1,249 @@
+// Transport-level tests that need no network: the peer info every rank publishes, the transport table, and the
+// UCX connection driven directly through the slot interface by two transports of this process (UCX over its shared
+// memory, and over tcp on loopback for the peer-failure case). Skipped where the build has no UCX.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "core/error.h"
+#include "transports/transport.h"
+
+namespace chorus {
+namespace {
+
+TEST(PeerInfo, TransportCapsRoundTripAndAreBounded) {
+  PeerInfo p = local_peer_info(3);
+  p.tcp_addr = "10.0.0.1:1234";
+  p.transport_caps["ucx"] = "shm,net";
+  p.transport_caps["ibverbs"] = "RoCE";
+  const PeerInfo q = PeerInfo::deserialize(p.serialize());
+  EXPECT_EQ(q.rank, 3);
+  EXPECT_EQ(q.tcp_addr, p.tcp_addr);
+  EXPECT_EQ(q.transport_caps, p.transport_caps);
+  std::vector<std::byte> w = p.serialize();
+  for (size_t n = 0; n < w.size(); ++n)
+    EXPECT_THROW(PeerInfo::deserialize(std::vector<std::byte>(w.begin(), w.begin() + n)), Error) << n;
+}
+
+TEST(Transports, EveryNameIsKnownInPriorityOrderAndReported) {
+  const std::vector<std::string> names = transport_names();
+  EXPECT_EQ(names, (std::vector<std::string>{"local", "shm", "ibverbs", "ucx", "tcp"}));
+  for (const std::string& n : names) {
+    const TransportReport r = report_transport(n);
+    EXPECT_FALSE(r.description.empty()) << n;
+    EXPECT_FALSE(r.found.empty()) << n;
+    std::unique_ptr<Transport> t = make_transport(n, Secret{});
+    EXPECT_EQ(t->name(), n);
+    EXPECT_EQ(t->unavailable_reason().empty(), r.available) << n << ": " << r.found;
+  }
+  try {
+    make_transport("verbs", Secret{});
+    ADD_FAILURE() << "accepted an unknown transport";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ucx"), std::string::npos) << e.what();
+  }
+}
+
+// Two ranks of one communicator as two UCX transports of this process, connected through the slot interface.
+class UcxPair {
+ public:
+  UcxPair(const char* tls, int depth, size_t slot_bytes) {
+    setenv("CHORUS_UCX_TLS", tls, 1);
+    for (int r = 0; r < 2; ++r) {
+      t_[r] = make_transport("ucx", Secret{});
+      info_[r] = local_peer_info(r);
+      t_[r]->describe(info_[r]);
+    }
+    unsetenv("CHORUS_UCX_TLS");
+    if (!t_[0]->unavailable_reason().empty()) {
+      skip_ = t_[0]->unavailable_reason();
+      return;
+    }
+    ConnectSpec s[2];
+    std::vector<std::byte> data[2];
+    for (int r = 0; r < 2; ++r) {
+      s[r].comm_id = 42;
+      s[r].rank = r;
+      s[r].peer = 1 - r;
+      s[r].slot_bytes = slot_bytes;
+      s[r].fifo_depth = depth;
+      s[r].peer_info = &info_[1 - r];
+      EXPECT_TRUE(t_[r]->can_connect(info_[r], info_[1 - r]));
+      data[r] = t_[r]->prepare(s[r]);
+    }
+    for (int r = 0; r < 2; ++r) c_[r] = t_[r]->connect(s[r], data[1 - r], Deadline::after_ms(10000));
+  }
+  const std::string& skip() const { return skip_; }
+  Connection& conn(int r) { return *c_[r]; }
+  void pump() {
+    c_[0]->progress();
+    c_[1]->progress();
+  }
+  // The next message on r's side, pumping both workers until it arrives.
+  MessageView wait_message(int r) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      MessageView m = c_[r]->recv_peek();
+      if (m.header || std::chrono::steady_clock::now() > until) return m;
+      pump();
+    }
+  }
+  std::byte* wait_slot(int r) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      std::byte* s = c_[r]->send_slot();
+      if (s || std::chrono::steady_clock::now() > until) return s;
+      pump();
+    }
+  }
+  // Closes rank r's side entirely (its connection, then its worker), as a process exit would.
+  void close(int r) {
+    c_[r].reset();
+    t_[r].reset();
+  }
+
+ private:
+  std::unique_ptr<Transport> t_[2];
+  PeerInfo info_[2];
+  std::unique_ptr<Connection> c_[2];
+  std::string skip_;
+};
+
+WireHeader header_for(uint32_t bytes, uint64_t seq) {
+  WireHeader h;
+  h.comm_id = 42;
+  h.seq = seq;
+  h.bytes = bytes;
+  return h;
+}
+
+// Messages of every size (eager and rendezvous), both directions, many times round the ring: each arrives once, in
+// order, whole, in place.
+void exchange(UcxPair& p, size_t slot_bytes) {
+  const size_t sizes[] = {0, 1, 17, 4096, 65536, slot_bytes};
+  uint64_t seq = 0;
+  for (int round = 0; round < 6; ++round)
+    for (size_t bytes : sizes) {
+      ++seq;
+      for (int from = 0; from < 2; ++from) {
+        std::byte* s = p.wait_slot(from);
+        ASSERT_NE(s, nullptr);
+        for (size_t i = 0; i < bytes; ++i) s[i] = static_cast<std::byte>((i * 7 + seq + from) & 0xff);
+        p.conn(from).send_commit(header_for(static_cast<uint32_t>(bytes), seq));
+      }
+      for (int to = 0; to < 2; ++to) {
+        MessageView m = p.wait_message(to);
+        ASSERT_NE(m.header, nullptr) << "message " << seq << " never arrived";
+        EXPECT_EQ(m.header->seq, seq);
+        ASSERT_EQ(m.header->bytes, bytes);
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(m.payload) % 16, 0u);
+        for (size_t i = 0; i < bytes; ++i)
+          ASSERT_EQ(m.payload[i], static_cast<std::byte>((i * 7 + seq + (1 - to)) & 0xff)) << "byte " << i;
+        p.conn(to).recv_release();
+      }
+    }
+  // Flush: every send completes.
+  for (int i = 0; i < 1000 && !(p.conn(0).send_idle() && p.conn(1).send_idle()); ++i) p.pump();
+  EXPECT_TRUE(p.conn(0).send_idle());
+  EXPECT_TRUE(p.conn(1).send_idle());
+}
+
+TEST(UcxConnection, SharedMemoryMessagesArriveInOrderInPlace) {
+  const size_t slot = 256 << 10;
+  UcxPair p("sm", 2, slot);
+  if (!p.skip().empty()) GTEST_SKIP() << p.skip();
+  exchange(p, slot);
+}
+
+TEST(UcxConnection, TcpMessagesArriveInOrderInPlace) {
+  const size_t slot = 256 << 10;
+  UcxPair p("tcp", 4, slot);
+  if (!p.skip().empty()) GTEST_SKIP() << p.skip();
+  exchange(p, slot);
+}
+
+// Sends run ahead of the receiver by more than the ring: the extra ones wait in UCX, and come out in order.
+TEST(UcxConnection, SenderAheadOfTheReceiver) {
+  UcxPair p("sm", 2, 1024);
+  if (!p.skip().empty()) GTEST_SKIP() << p.skip();
+  for (uint64_t seq = 1; seq <= 8; ++seq) {
+    std::byte* s = p.wait_slot(0);
+    ASSERT_NE(s, nullptr);
+    std::memcpy(s, &seq, sizeof(seq));
+    p.conn(0).send_commit(header_for(sizeof(seq), seq));
+  }
+  for (uint64_t seq = 1; seq <= 8; ++seq) {
+    MessageView m = p.wait_message(1);
+    ASSERT_NE(m.header, nullptr);
+    uint64_t got;
+    std::memcpy(&got, m.payload, sizeof(got));
+    EXPECT_EQ(got, seq);
+    EXPECT_EQ(m.header->seq, seq);
+    p.conn(1).recv_release();
+  }
+}
+
+// A peer that goes away is a chorus::Error naming it, raised once data is actually missing.
+TEST(UcxConnection, ClosedPeerIsAnErrorNamingIt) {
+  UcxPair p("tcp", 2, 1024);
+  if (!p.skip().empty()) GTEST_SKIP() << p.skip();
+  std::byte* s = p.wait_slot(1);
+  ASSERT_NE(s, nullptr);
+  p.conn(1).send_commit(header_for(0, 1));
+  ASSERT_NE(p.wait_message(0).header, nullptr);  // the endpoint is wired up
+  p.conn(0).recv_release();
+  p.close(1);
+  try {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+      p.conn(0).progress();
+      p.conn(0).recv_peek();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ADD_FAILURE() << "no error within 20 s of the peer closing";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), chorusRemoteError);
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(UcxTransport, BadTransportListIsUnavailableWithTheReason) {
+  setenv("CHORUS_UCX_TLS", "no-such-transport", 1);
+  std::unique_ptr<Transport> t = make_transport("ucx", Secret{});
+  const TransportReport r = report_transport("ucx");
+  unsetenv("CHORUS_UCX_TLS");
+  if (r.found.find("not built") != std::string::npos) GTEST_SKIP() << r.found;
+  EXPECT_FALSE(r.available);
+  EXPECT_NE(t->unavailable_reason().find("CHORUS_UCX_TLS=no-such-transport"), std::string::npos)
+      << t->unavailable_reason();
+  PeerInfo a = local_peer_info(0), b = local_peer_info(1);
+  t->describe(a);
+  EXPECT_FALSE(t->can_connect(a, b));
+}
+
+// Ranks of different hosts need UCX's network on both sides; ranks of one host may share memory.
+TEST(UcxTransport, ReachabilityFromWhatBothPublished) {
+  std::unique_ptr<Transport> t = make_transport("ucx", Secret{});
+  if (!t->unavailable_reason().empty()) GTEST_SKIP() << t->unavailable_reason();
+  PeerInfo a = local_peer_info(0), b = local_peer_info(1);
+  t->describe(a);
+  a.transport_caps["ucx"] = "shm";
+  b.transport_caps["ucx"] = "shm";
+  EXPECT_TRUE(t->can_connect(a, b));
+  b.host_id = "elsewhere";
+  EXPECT_FALSE(t->can_connect(a, b)) << "shared memory does not reach another host";
+  a.transport_caps["ucx"] = "shm,net";
+  b.transport_caps["ucx"] = "net";
+  EXPECT_TRUE(t->can_connect(a, b));
+  b.transport_caps.erase("ucx");
+  EXPECT_FALSE(t->can_connect(a, b)) << "the peer has no UCX";
+}
+
+}  // namespace
+}  // namespace chorus
