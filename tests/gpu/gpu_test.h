@@ -1,0 +1,67 @@
+// Helpers of the GPU suite (chorus_gpu_tests): skipping without a device, device buffers, and comparison of results
+// that must equal the CPU reference bit for bit. Nothing here touches CUDA before a test body runs (no global
+// constructors), so listing the tests (gtest_discover_tests) works on a machine without a GPU.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace chorus::gputest {
+
+// Empty when a CUDA device is usable, else the reason ("no CUDA device (cudaGetDeviceCount: ...)").
+inline std::string no_device_reason() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    return std::string("no CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(err) + ": " +
+           cudaGetErrorString(err) + ")";
+  }
+  if (n == 0) return "no CUDA device (cudaGetDeviceCount: 0 devices)";
+  return {};
+}
+
+// First statement of every test that needs a device.
+#define CHORUS_REQUIRE_CUDA_DEVICE()                                   \
+  do {                                                                 \
+    const std::string reason_ = ::chorus::gputest::no_device_reason(); \
+    if (!reason_.empty()) GTEST_SKIP() << reason_;                     \
+  } while (0)
+
+#define CHORUS_CUDA_OK(call)                                                   \
+  do {                                                                         \
+    const cudaError_t err_ = (call);                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_); \
+  } while (0)
+
+// A device allocation of `bytes` bytes (plus `slack` so that tests can offset pointers), freed on destruction.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes, size_t slack = 64) : bytes_(bytes + slack) {
+    if (cudaMalloc(&ptr_, bytes_ == 0 ? 1 : bytes_) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::byte* get(size_t offset = 0) const { return static_cast<std::byte*>(ptr_) + offset; }
+  bool ok() const { return ptr_ != nullptr; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+inline cudaError_t upload(void* dst, const void* src, size_t bytes) {
+  return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+}
+inline cudaError_t download(void* dst, const void* src, size_t bytes) {
+  return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+}  // namespace chorus::gputest
