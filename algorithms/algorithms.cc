@@ -74,6 +74,36 @@ constexpr AlgorithmInfo kAlgorithms[] = {
     {23, Coll::Barrier, "tree", "zero-byte double-binary-tree all-reduce: 2 log2(N) hops, for any N", tree_barrier},
 };
 
+constexpr AlgorithmInfo kCompressed[] = {
+    {kCompressedIdBase + 0, Coll::AllReduce, "qonce",
+     "quantize once: direct reduce-scatter of codes, fp32 accumulation at the owner, one re-quantization, "
+     "all-gather of the owner's exact codes (ZeRO++, Wang et al. 2023; THC, Li et al. 2024)",
+     qonce_allreduce},
+    {kCompressedIdBase + 1, Coll::ReduceScatter, "qonce",
+     "direct exchange of codes, fp32 accumulation at the owner: each contribution quantized once",
+     qonce_reduce_scatter},
+    {kCompressedIdBase + 2, Coll::AllGather, "qonce",
+     "every rank quantizes its block once and sends the codes to all (ZeRO++ quantized weight all-gather)",
+     qonce_allgather},
+    {kCompressedIdBase + 3, Coll::AllReduce, "ring", "ring with every message coded: re-quantizes at every hop",
+     coded_ring_allreduce},
+    {kCompressedIdBase + 4, Coll::ReduceScatter, "ring", "ring with every message coded: re-quantizes at every hop",
+     coded_ring_reduce_scatter},
+    {kCompressedIdBase + 5, Coll::AllGather, "ring", "ring forwarding each block's codes unchanged",
+     coded_ring_allgather},
+    {kCompressedIdBase + 6, Coll::AllReduce, "hier",
+     "hierarchical all-reduce with only the messages between hosts coded", coded_hier_allreduce},
+    {kCompressedIdBase + 7, Coll::ReduceScatter, "hier",
+     "hierarchical reduce-scatter with only the messages between hosts coded", coded_hier_reduce_scatter},
+};
+
+constexpr bool compressed_ids_follow_base() {
+  for (size_t i = 0; i < std::size(kCompressed); ++i)
+    if (kCompressed[i].id != kCompressedIdBase + static_cast<int>(i)) return false;
+  return std::size(kAlgorithms) <= kCompressedIdBase;
+}
+static_assert(compressed_ids_follow_base(), "compressed ids must be kCompressedIdBase + index");
+
 constexpr bool ids_are_indices() {
   for (size_t i = 0; i < std::size(kAlgorithms); ++i)
     if (kAlgorithms[i].id != static_cast<int>(i)) return false;
@@ -111,6 +141,43 @@ const AlgorithmInfo& default_algorithm(Coll coll) {
   for (const AlgorithmInfo& a : kAlgorithms)
     if (a.coll == coll) return a;
   throw Error(chorusNotSupported, Subsys::Algorithms, cat("no algorithm for ", coll_name(coll)));
+}
+
+std::span<const AlgorithmInfo> compressed_algorithm_table() { return kCompressed; }
+
+const AlgorithmInfo* find_compressed_algorithm(Coll coll, const std::string& name) {
+  for (const AlgorithmInfo& a : kCompressed)
+    if (a.coll == coll && name == a.name) return &a;
+  return nullptr;
+}
+
+const AlgorithmInfo& default_compressed_algorithm(Coll coll, const std::vector<int>& host_of_rank) {
+  bool several_hosts = false, shared_host = false;
+  std::map<int, int> per_host;
+  for (int h : host_of_rank) shared_host |= ++per_host[h] > 1;
+  several_hosts = per_host.size() > 1;
+  const AlgorithmInfo* hier = find_compressed_algorithm(coll, "hier");
+  if (several_hosts && shared_host && hier) return *hier;
+  const AlgorithmInfo* qonce = find_compressed_algorithm(coll, "qonce");
+  if (qonce) return *qonce;
+  throw Error(chorusNotSupported, Subsys::Algorithms, cat("no compressed algorithm for ", coll_name(coll)));
+}
+
+std::string compressed_algorithm_names(Coll coll) {
+  std::string s;
+  for (const AlgorithmInfo& a : kCompressed)
+    if (a.coll == coll) {
+      if (!s.empty()) s += ", ";
+      s += a.name;
+    }
+  return s;
+}
+
+const AlgorithmInfo* algorithm_by_id(int id) {
+  if (id >= 0 && id < static_cast<int>(std::size(kAlgorithms))) return &kAlgorithms[id];
+  const int c = id - kCompressedIdBase;
+  if (c >= 0 && c < static_cast<int>(std::size(kCompressed))) return &kCompressed[c];
+  return nullptr;
 }
 
 std::shared_ptr<const Program> get_program(const AlgorithmInfo& algo, const ProgramParams& params) {

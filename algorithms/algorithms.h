@@ -34,6 +34,19 @@ const AlgorithmInfo* find_algorithm(Coll coll, const std::string& name);
 // The default algorithm for `coll` (the only choice until the selector exists).
 const AlgorithmInfo& default_algorithm(Coll coll);
 
+// Compressed programs (algorithms/compressed.cc, docs/compression.md): their own table, ids from
+// kCompressedIdBase, so the selector and every loop over algorithm_table() see only uncompressed programs.
+// A compressed call names one of these (or gets default_compressed_algorithm()).
+constexpr int kCompressedIdBase = 64;
+std::span<const AlgorithmInfo> compressed_algorithm_table();
+const AlgorithmInfo* find_compressed_algorithm(Coll coll, const std::string& name);
+// qonce for one host; hier when the ranks span several hosts with more than one rank on some host.
+const AlgorithmInfo& default_compressed_algorithm(Coll coll, const std::vector<int>& host_of_rank);
+// Names of the compressed algorithms for `coll`, comma-separated (for error messages).
+std::string compressed_algorithm_names(Coll coll);
+// The algorithm with wire id `id` in either table, or nullptr.
+const AlgorithmInfo* algorithm_by_id(int id);
+
 // Cached program for (coll, algorithm, params); thread-safe; programs are immutable once built.
 std::shared_ptr<const Program> get_program(const AlgorithmInfo& algo, const ProgramParams& params);
 
@@ -66,5 +79,13 @@ Program hier_allreduce(const ProgramParams& p);
 Program hier_allgather(const ProgramParams& p);
 Program hier_reduce_scatter(const ProgramParams& p);
 Program hier_alltoall(const ProgramParams& p);
+Program qonce_allreduce(const ProgramParams& p);
+Program qonce_reduce_scatter(const ProgramParams& p);
+Program qonce_allgather(const ProgramParams& p);
+Program coded_ring_allreduce(const ProgramParams& p);
+Program coded_ring_reduce_scatter(const ProgramParams& p);
+Program coded_ring_allgather(const ProgramParams& p);
+Program coded_hier_allreduce(const ProgramParams& p);
+Program coded_hier_reduce_scatter(const ProgramParams& p);
 
 }  // namespace chorus::algo

@@ -69,6 +69,24 @@ inline bool op_reduces(OpCode op) {
          op == OpCode::Reduce;
 }
 
+// Wire coding of a step (compressed collectives, docs/compression.md). Q is the call's codec (quantize to codes and
+// scales), D its decoder. Without these flags a message carries the value's elements as they are.
+enum StepCode : uint8_t {
+  // The received message holds codes: the step uses D(message).
+  kCodedIn = 1,
+  // The sent message holds codes: Q(value), except that RecvCopySend with kCodedIn forwards the received bytes
+  // unchanged (quantized once, forwarded exactly). A step that also writes dst writes D(what it sent), so dst holds
+  // exactly what the receivers decode. A Copy with kCodedOut sends nothing and writes dst = D(Q(src)): the value a
+  // receiver of Q(src) gets, with the same stochastic-rounding key (the key is a function of the src chunk and
+  // slice), so every rank ends with the same bits.
+  kCodedOut = 2,
+  // With kCodedOut, on a step that reads src: error feedback (Seide et al. 2014; 1-bit Adam, Tang et al. 2021).
+  // value += residual[src chunk]; residual[src chunk] = value - D(Q(value)). When src is not the input, src is
+  // rewritten to the corrected value, so later encodes of src produce the same bytes. The residual buffer mirrors
+  // the input (worker residual) and the scratch (owner residual); the caller owns it.
+  kErrorFeedback = 4,
+};
+
 struct Step {
   OpCode op = OpCode::Copy;
   int32_t recv_peer = -1;  // rank the message comes from (receiving ops)
@@ -77,6 +95,7 @@ struct Step {
   ChunkRef dst;            // destination (ops that write dst)
   // The value produced is complete: the avg division is applied to it (once, where the reduction finishes).
   bool final = false;
+  uint8_t code = 0;  // StepCode bits; 0 for every uncompressed program
 };
 
 struct Lane {
@@ -99,6 +118,7 @@ struct RankProgram {
 struct Program {
   Coll coll = Coll::AllReduce;
   std::string algorithm;  // e.g. "ring"
+  bool compressed = false;  // some steps carry StepCode bits: the call must come with a codec
   int nranks = 0;
   int root = 0;
   int nchannels = 1;

@@ -21,11 +21,17 @@ struct Value {
   bool pristine = false;  // still the rank's own untouched input
   int finals = 0;
   Contribs contribs;
+  // Identity of the bits: copies keep it, arithmetic makes a new one, decoding the codes of value v gives -v on
+  // every rank (encoding is deterministic). Equal versions mean equal bits.
+  int64_t version = 0;
+  // Fewest and most times any contribution in the value went through the codec.
+  int quant_min = 0, quant_max = 0;
 };
 
 struct Message {
   Value value;
   int32_t part = 0;  // size class of the chunk it was made from
+  bool coded = false;
 };
 
 bool is_reduction(Coll c) {
@@ -75,6 +81,8 @@ class Run {
     check_postconditions();
     if (!error_.empty()) return fail(res, error_);
     res.ok = true;
+    res.min_quantizations = quant_min_ == (1 << 30) ? 0 : quant_min_;
+    res.max_quantizations = quant_max_;
     return res;
   }
 
@@ -108,6 +116,7 @@ class Run {
         v.defined = true;
         v.pristine = true;
         v.contribs = {{r, c}};
+        v.version = ++versions_;
         cells_.push_back(v);
       }
       for (int c = 0; c < rp.output.nchunks(); ++c) {
@@ -241,7 +250,14 @@ class Run {
     if (inq) {
       msg = std::move(inq->front());
       inq->pop_front();
+      if (msg->coded != ((s.code & kCodedIn) != 0)) {
+        error_ = where(r, lane, step) + cat_str(": rank ", s.recv_peer, " sent a ", msg->coded ? "coded" : "plain",
+                                                " message where this step expects a ",
+                                                msg->coded ? "plain" : "coded", " one");
+        return true;
+      }
     }
+    if (!check_code(r, lane, step, s)) return true;
     std::optional<Value> src;
     if (op_reads_src(s.op)) {
       src = read_src(r, lane, step, s);
@@ -282,6 +298,8 @@ class Run {
         }
         result = *src;
         result.contribs = merge(acc.contribs, src->contribs);
+        merge_quant(result, acc);
+        result.version = ++versions_;
         part = part_of(r, s.src);
         break;
       }
@@ -303,6 +321,8 @@ class Run {
         }
         result = *src;
         result.contribs = merge(msg->value.contribs, src->contribs);
+        merge_quant(result, msg->value);
+        result.version = ++versions_;
         part = msg->part;
         break;
     }
@@ -313,6 +333,22 @@ class Run {
         return true;
       }
       result.finals += 1;
+      result.version = ++versions_;  // the division changes the bits
+    }
+    bool coded_out = false;
+    if (s.code & kCodedOut) {
+      coded_out = true;
+      if (s.code & kErrorFeedback) {
+        // The residual is added before encoding: new bits, written back to a non-input src.
+        result.version = ++versions_;
+        if (s.src.buf != BufKind::Input) cells_[cell_of(r, s.src, "src", lane, step)].version = result.version;
+      }
+      const bool forwards = s.op == OpCode::RecvCopySend && (s.code & kCodedIn);
+      if (!forwards) {
+        result.version = -result.version;
+        result.quant_min += 1;
+        result.quant_max += 1;
+      }
     }
     if (op_writes_dst(s.op)) {
       if (part_of(r, s.dst) != part) {
@@ -323,10 +359,34 @@ class Run {
       if (!write_dst(r, lane, step, s, result)) return true;
     }
     if (outq) {
-      outq->push_back(Message{result, part});
+      outq->push_back(Message{result, part, coded_out});
       ++res.messages;
     }
     return true;
+  }
+
+  static void merge_quant(Value& into, const Value& other) {
+    into.quant_min = std::min(into.quant_min, other.quant_min);
+    into.quant_max = std::max(into.quant_max, other.quant_max);
+  }
+
+  // StepCode bits only where they mean something, and only in a program that says it is compressed.
+  bool check_code(int r, int lane, size_t step, const Step& s) {
+    if (s.code == 0) return true;
+    const char* why = nullptr;
+    if (!prog_.compressed)
+      why = ": has codec bits in a program that is not compressed";
+    else if ((s.code & kCodedIn) && !op_receives(s.op))
+      why = ": coded input on a step that receives nothing";
+    else if ((s.code & kCodedOut) && !op_sends(s.op) && s.op != OpCode::Copy)
+      why = ": coded output on a step that neither sends nor copies";
+    else if ((s.code & kErrorFeedback) && (!(s.code & kCodedOut) || !op_reads_src(s.op)))
+      why = ": error feedback needs coded output and a src";
+    else if (s.code & ~(kCodedIn | kCodedOut | kErrorFeedback))
+      why = ": unknown codec bits";
+    if (why == nullptr) return true;
+    error_ = where(r, lane, step) + why;
+    return false;
   }
 
   std::string deadlock_report(const std::vector<std::vector<size_t>>& pc) const {
@@ -398,9 +458,27 @@ class Run {
         Value v = got;
         v.pristine = false;
         expect(r, "output", c, v, want, red ? 1 : 0);
+        if (got.defined) {
+          quant_min_ = std::min(quant_min_, got.quant_min);
+          quant_max_ = std::max(quant_max_, got.quant_max);
+        }
       }
     }
+    // Compressed all-reduce and all-gather: every rank must end with the same bits in every output chunk.
+    if (!prog_.compressed || (prog_.coll != Coll::AllReduce && prog_.coll != Coll::AllGather)) return;
+    for (int c = 0; c < prog_.ranks[0].output.nchunks() && error_.empty(); ++c)
+      for (int r = 1; r < n; ++r)
+        if (cells_[map_[r].out[c]].version != cells_[map_[0].out[c]].version) {
+          error_ = cat_str("output chunk ", c, " of rank ", r, " may differ in its bits from rank 0's: ranks would not end with the same bits (computed or ",
+                           "decoded from different codes)");
+          return;
+        }
   }
+
+ public:
+  int quant_min_ = 1 << 30, quant_max_ = 0;
+
+ private:
 
   const Program& prog_;
   VerifyOptions opt_;
@@ -408,6 +486,7 @@ class Run {
   std::vector<RankCells> map_;
   std::map<FifoKey, std::deque<Message>> fifos_;
   std::string error_;
+  int64_t versions_ = 0;
 };
 
 }  // namespace

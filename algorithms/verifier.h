@@ -10,6 +10,9 @@
 //  - all-gather: output block b part p is an exact copy of rank b's input part p;
 //  - broadcast: every output part is an exact copy of the root's; non-root inputs are never read;
 //  - all-to-all(v): output block b part p of rank r is an exact copy of rank b's input block r part p.
+// Compressed programs (StepCode bits) treat the codec as exact for the contributions, count how many times each
+// contribution is quantized, check that coded messages are received as coded, and prove that every rank of a
+// compressed all-reduce or all-gather ends with the same bits (values decoded from the same codes or copied).
 // In-place mode aliases the input and output chunks the way the API does (e.g. all-gather's input is output
 // block r) and additionally proves that no input is read after it was overwritten.
 #pragma once
@@ -33,6 +36,10 @@ struct VerifyResult {
   std::string error;     // first violation found, naming rank, lane and step
   int64_t messages = 0;  // messages sent in total
   int64_t rounds = 0;    // scheduling rounds until completion (a rough depth measure)
+  // Compressed programs: the fewest and most times one contribution went through the codec on its way to an
+  // output (0 for uncompressed programs). Quantize-once all-reduce: 2 for every contribution
+  // (once on the way to the owner, once in the owner's result); the coded ring: 2 to N.
+  int min_quantizations = 0, max_quantizations = 0;
 };
 
 VerifyResult verify(const Program& program, const VerifyOptions& options = {});

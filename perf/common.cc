@@ -101,7 +101,7 @@ void check_chorus(chorusResult_t result, const char* call, chorusComm_t comm, in
 // Flags
 // ---------------------------------------------------------------------------------------------------------------
 
-const char* const kAllFlags = "beifnwcdorzatgJmpGCNTAh";
+const char* const kAllFlags = "beifnwcdorzatgJmpGCNTAZh";
 
 ToolInfo chorus_tool(const std::string& name) { return ToolInfo{name, kAllFlags, all_dtypes(), all_ops()}; }
 
@@ -137,6 +137,10 @@ const FlagSpec kFlags[] = {
     {'N', "run_cycles", true, "repeat the whole sweep this many times (default 1)"},
     {'T', "timeout", true, "seconds before a stuck operation fails (sets CHORUS_TIMEOUT_MS; 0: library default)"},
     {'A', "algorithm", true, "algorithm for every call, by name as chorus-info lists them (default: the selector)"},
+    {'Z', "compression", true,
+     "codec for every call: int8[:block], fp8_e4m3, int4, sign1[:block], sign_vote (all_reduce, reduce_scatter, "
+     "all_gather; float). busbw is then effective (uncompressed bytes over time) and #wrong shows the relative L2 "
+     "error against an fp64 reference"},
     {'h', "help", false, "print this help"},
 };
 
@@ -310,6 +314,18 @@ int parse_options(int argc, char** argv, const ToolInfo& tool, Options* out, boo
           if (*optarg == '\0') throw BadValue{"expected an algorithm name"};
           o.algorithm = optarg;
           break;
+        case 'Z': {
+          const std::string v = optarg;
+          const std::string name = v.substr(0, v.find(':'));
+          static const char* const kNames[] = {"int8", "fp8_e4m3", "int4", "sign1", "sign_vote"};
+          o.compression = 0;
+          for (int k = 0; k < 5; ++k)
+            if (name == kNames[k]) o.compression = k + 1;
+          if (o.compression == 0) throw BadValue{"expected int8, fp8_e4m3, int4, sign1 or sign_vote[:block]"};
+          if (v.find(':') != std::string::npos)
+            o.compression_block = static_cast<uint32_t>(parse_int(v.substr(v.find(':') + 1).c_str(), 1, 1 << 30));
+          break;
+        }
         case 'h': print_usage(stdout, tool); return kExitOk;
         default: return fail("unknown flag");
       }
@@ -662,6 +678,7 @@ struct Measured {
   double algbw = 0;
   double busbw = 0;
   int64_t wrong = -1;  // -1: not checked
+  double rel_error = -1;  // compressed calls: relative L2 error against the fp64 reference; -1: not measured
 };
 
 struct Row {
@@ -719,7 +736,12 @@ void print_row(const Row& row) {
     char algbw[32], busbw[32];
     std::snprintf(algbw, sizeof algbw, "%.2f", m.algbw);
     std::snprintf(busbw, sizeof busbw, "%.2f", m.busbw);
-    const std::string wrong = m.wrong < 0 ? "N/A" : std::to_string(m.wrong);
+    std::string wrong = m.wrong < 0 ? "N/A" : std::to_string(m.wrong);
+    if (m.rel_error >= 0) {
+      char e[32];
+      std::snprintf(e, sizeof e, "%.1e", m.rel_error);
+      wrong = e;
+    }
     std::printf(kPlaceCols, format_time(m.time_us).c_str(), algbw, busbw, wrong.c_str());
   }
   std::printf("\n");
@@ -773,7 +795,40 @@ struct SweepState {
   std::byte* send = nullptr;
   std::byte* recv = nullptr;
   chorusCollOptions_t options = CHORUS_COLL_OPTIONS_INIT;  // the algorithm (-A) of every call
+  chorusCompression_t compression = CHORUS_COMPRESSION_INIT(chorusCodecInt8);  // -Z
 };
+
+// Compressed runs: pseudo-normal inputs (splitmix64 and Box-Muller on (rank, element)), exact in float.
+float normal_value(int rank, size_t i) {
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const uint64_t h = mix((static_cast<uint64_t>(rank) << 40) ^ i);
+  const double u1 = (static_cast<double>(h >> 11) + 1.0) / 9007199254740993.0, u2 = (mix(h) >> 11) * 0x1.0p-53;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+// Sums of squared error and of squared reference over this rank's output.
+std::pair<double, double> compressed_error(const Collective& coll, const Layout& l, int rank, int nranks, int root,
+                                           const float* out) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < l.recv_count; ++i) {
+    const Expect e = coll.expect(l, rank, nranks, root, i);
+    double want = 0;
+    if (e.kind == Expect::Skip) continue;
+    if (e.kind == Expect::Copy) {
+      want = normal_value(e.rank, e.index);
+    } else {
+      for (int r = 0; r < nranks; ++r) want += normal_value(r, e.index);
+    }
+    num += (out[i] - want) * (out[i] - want);
+    den += want * want;
+  }
+  return {num, den};
+}
 
 // The pointers of one operation: separate buffers, or one buffer holding both when in place.
 OpArgs make_args(const SweepState& s, const Layout& l, size_t ts, bool inplace) {
@@ -803,7 +858,13 @@ void fill_input(const DataModel& m, const OpArgs& a, size_t count) {
 Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const DataModel& m) {
   Backend& b = s.b;
   const Options& o = s.opts;
-  fill_input(m, a, l.send_count);
+  if (o.compression != 0) {
+    if (a.dtype != chorusFloat32) throw PerfError("-Z/--compression needs -d float");
+    float* in = static_cast<float*>(const_cast<void*>(a.send));
+    for (size_t i = 0; i < l.send_count; ++i) in[i] = normal_value(a.rank, i);
+  } else {
+    fill_input(m, a, l.send_count);
+  }
   for (int i = 0; i < o.warmup_iters; ++i) s.coll.run(a);
   b.barrier();
   const auto t0 = std::chrono::steady_clock::now();
@@ -816,7 +877,17 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
   r.algbw = r.time_us > 0 ? static_cast<double>(l.bytes) / (r.time_us * 1e3) : 0.0;  // bytes/us/1e3 = GB/s
   r.busbw = r.algbw * s.coll.bus_factor(b.nranks());
 
-  if (o.check_iters > 0) {
+  if (o.check_iters > 0 && o.compression != 0) {
+    poison(a.dtype, a.recv, l.recv_count * ts);
+    float* in = static_cast<float*>(const_cast<void*>(a.send));
+    for (size_t i = 0; i < l.send_count; ++i) in[i] = normal_value(a.rank, i);
+    s.coll.run(a);
+    auto [num, den] = compressed_error(s.coll, l, a.rank, a.nranks, a.root, static_cast<const float*>(a.recv));
+    double sums[2] = {num, den};
+    b.allreduce(sums, 2, Op::Sum);
+    r.rel_error = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : 0.0;
+    r.wrong = 0;
+  } else if (o.check_iters > 0) {
     double wrong = 0;
     for (int c = 0; c < o.check_iters; ++c) {
       poison(a.dtype, a.recv, l.recv_count * ts);
@@ -835,6 +906,9 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
 void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std::vector<RankInfo>& infos) {
   std::printf("# %s: %s\n", tool.name.c_str(), b.describe().c_str());
   std::printf("# algorithm: %s\n", o.algorithm.empty() ? "chosen by the selector" : o.algorithm.c_str());
+  if (o.compression != 0)
+    std::printf("# compression: codec %d block %u (busbw: effective; #wrong: relative L2 error vs fp64)\n",
+                o.compression, o.compression_block);
   std::printf("# minBytes %zu maxBytes %zu step: ", o.min_bytes, o.max_bytes);
   if (o.step_factor > 1)
     std::printf("%d(factor)", o.step_factor);
@@ -858,6 +932,7 @@ bool write_json(const std::string& path, const std::vector<Row>& rows, const Col
           {"time_us", m.time_us},      {"algbw", m.algbw},  {"busbw", m.busbw},
       };
       rec["wrong"] = m.wrong < 0 ? nlohmann::json(nullptr) : nlohmann::json(m.wrong);
+      if (m.rel_error >= 0) rec["rel_error"] = m.rel_error;
       records.push_back(std::move(rec));
     }
   }
@@ -907,6 +982,11 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
     Buffer send = make_buffer(send_bytes), recv = make_buffer(recv_bytes);
     SweepState s{opts, coll, b, send.get(), recv.get()};
     if (!opts.algorithm.empty()) s.options.algorithm = opts.algorithm.c_str();
+    if (opts.compression != 0) {
+      s.compression.codec = static_cast<chorusCodec_t>(opts.compression);
+      s.compression.block = opts.compression_block;
+      s.options.compression = &s.compression;
+    }
 
     std::vector<int> roots;
     if (!coll.rooted())

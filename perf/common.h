@@ -53,6 +53,10 @@ struct Options {
   bool report_cputime = false;
   std::string json_path;
   std::string algorithm;  // -A: forced for every call; empty: the selector chooses
+  // -Z codec[:block]: compressed calls (chorusCompression_t); 0 = none. Inputs become pseudo-normal floats and the
+  // check reports the relative L2 error against an fp64 reference instead of counting exact mismatches.
+  int compression = 0;  // chorusCodec_t
+  uint32_t compression_block = 0;
 };
 
 // What one tool accepts: the flags it understands (short letters), and the dtypes and ops "all" expands to.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds the release preset and runs every test suite with ctest: unit (one process,
-# ranks as threads), multiproc (real processes over shm and tcp, started by chorusrun). Suites that need
-# something this machine lacks skip themselves.
+# ranks as threads), multiproc (real processes over shm, tcp and UCX, started by chorusrun; ibverbs where an RDMA
+# device exists). Suites that need something this machine lacks skip themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-deps.sh

@@ -10,11 +10,18 @@ packages=(
   libbenchmark-dev      # microbenchmarks
   nlohmann-json3-dev    # perf tools' JSON output, topology files
   libhwloc-dev          # topology discovery: NUMA nodes, cores, GPUs and NICs (src/topology/discover.cc)
+  libucx-dev            # the ucx transport (transports/ucx/; optional in CMake: CHORUS_UCX)
+  libibverbs-dev        # the ibverbs transport (transports/ibverbs/; rdma-core; optional: CHORUS_IBVERBS)
+  ibverbs-providers     # rdma-core's device drivers (mlx5, rxe, efa, ...), needed where an RDMA device exists
   openmpi-bin libopenmpi-dev  # perf/compare baseline
   iproute2              # emulated hosts (network namespaces)
   libopenblas-dev       # the reference trainer's matrix products (trainer/ is built only when OpenBLAS is found)
   gnuplot-nox           # the reference trainer's loss-curve plot (loss.png)
 )
+
+# Optional, not installed here: the CUDA toolkit (nvcc), for CHORUS_CUDA=ON/AUTO (docs/cuda.md). Without it AUTO
+# builds without CUDA. Use NVIDIA's toolkit (CUDA 12 or later, e.g. /usr/local/cuda) or Debian non-free's
+# nvidia-cuda-toolkit where its version is recent enough for sm_90.
 
 missing=()
 for p in "${packages[@]}"; do

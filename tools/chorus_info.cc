@@ -1,7 +1,9 @@
 // chorus-info: what this build of Chorus has: version, every CHORUS_* variable (name, type, default, current
-// value, doc) from the config registry, the transports in priority order, and the algorithm table.
+// value, doc) from the config registry, the transports in priority order with what each finds on this machine
+// (UCX's version and transports, RDMA devices or why there are none), and the algorithm table.
 // `chorus-info --topology [--json] [-n N]`: the topology instead (this host discovered with hwloc, or
-// CHORUS_TOPO_FILE), with CHORUS_TUNE_FILE applied.
+// CHORUS_TOPO_FILE), with CHORUS_TUNE_FILE applied. `chorus-info --transport NAME`: what one transport finds here;
+// exit status 0 when it can run, 3 when it cannot (for scripts such as scripts/rdma-check.sh).
 #include <chorus/chorus.h>
 
 #include <algorithm>
@@ -19,11 +21,13 @@
 namespace {
 
 const char* const kUsage =
-    "usage: chorus-info [--topology [--json] [-n N]]\n"
+    "usage: chorus-info [--topology [--json] [-n N]] [--transport NAME]\n"
     "  (no option)  the version, configuration variables, transports and algorithms\n"
     "  --topology   the topology: CHORUS_TOPO_FILE when set, else this host as hwloc sees it, with N ranks\n"
     "               (-n; default one per GPU, or 1); link costs from CHORUS_TUNE_FILE when set\n"
-    "  --json       print the topology as a topology file (docs/topology.md) instead of a summary\n";
+    "  --json       print the topology as a topology file (docs/topology.md) instead of a summary\n"
+    "  --transport NAME\n"
+    "               what transport NAME (ucx, ibverbs, ...) finds here; exit status 0 when it can run, 3 when not\n";
 
 int print_topology(bool json, int nranks) {
   try {
@@ -57,6 +61,16 @@ int main(int argc, char** argv) {
       return 0;
     } else if (a == "--topology") {
       topology = true;
+    } else if (a == "--transport" && i + 1 < argc) {
+      const std::string name = argv[++i];
+      const auto names = chorus::transport_names();
+      if (std::find(names.begin(), names.end(), name) == names.end()) {
+        std::fprintf(stderr, "chorus-info: unknown transport '%s'\n%s", name.c_str(), kUsage);
+        return 2;
+      }
+      const chorus::TransportReport r = chorus::report_transport(name);
+      std::printf("%s: %s\n", r.name.c_str(), r.found.c_str());
+      return r.available ? 0 : 3;
     } else if (a == "--json") {
       json = true;
     } else if (a == "-n" && i + 1 < argc) {
@@ -89,17 +103,21 @@ int main(int argc, char** argv) {
     std::printf("      %s\n", p.doc);
   }
 
-  std::printf("\nTransports (default priority order; the first that can reach a peer is used):\n");
+  std::printf(
+      "\nTransports (priority order; CHORUS_TRANSPORTS lists those used, and for each peer the first that "
+      "can reach it is used):\n");
   for (const std::string& t : chorus::transport_names()) {
-    const char* what = t == "local" ? "ranks that are threads of one process: slot FIFOs in process memory"
-                       : t == "shm" ? "processes on one host: slot FIFOs in POSIX shared memory (mode 0600)"
-                       : t == "tcp" ? "any reachable rank: non-blocking sockets, authenticated by the job secret"
-                                    : "";
-    std::printf("  %-6s %s\n", t.c_str(), what);
+    const chorus::TransportReport r = chorus::report_transport(t);
+    std::printf("  %-8s %s\n", r.name.c_str(), r.description.c_str());
+    std::printf("           found: %s\n", r.found.c_str());
   }
 
   std::printf("\nAlgorithms:\n");
   for (const chorus::algo::AlgorithmInfo& a : chorus::algo::algorithm_table())
+    std::printf("  %2d  %-14s %-9s %s\n", a.id, chorus::algo::coll_name(a.coll), a.name, a.description);
+  std::printf("\nCompressed schedules (chorusCollOptions_t::compression; codecs int8, fp8_e4m3, int4, sign1, "
+              "sign_vote):\n");
+  for (const chorus::algo::AlgorithmInfo& a : chorus::algo::compressed_algorithm_table())
     std::printf("  %2d  %-14s %-9s %s\n", a.id, chorus::algo::coll_name(a.coll), a.name, a.description);
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,9 +72,13 @@ class Connection {
   // passes. Spurious returns are fine: the executor re-checks.
   virtual void wait_recv(int timeout_us) = 0;
   virtual void wait_send(int timeout_us) = 0;
-  // The socket behind a pumped connection, or -1. The executor sleeps on all of a call's sockets at once, so a
-  // send that can move is not held up by a sleep on a receive.
+  // The file descriptor behind a pumped connection (a socket, a UCX worker's event fd, a verbs completion
+  // channel), or -1. The executor sleeps on all of a call's descriptors at once, so a send that can move is not
+  // held up by a sleep on a receive. Connections may share one descriptor.
   virtual int poll_fd() const { return -1; }
+  // Called right before the executor sleeps on poll_fd(): the poll(2) events to wait for, or 0 when something is
+  // pending already and the caller must not sleep (an event-driven descriptor is re-armed here).
+  virtual short arm_poll();
 
  protected:
   Connection(int peer, int channel, size_t slot_bytes) : peer_(peer), channel_(channel), slot_bytes_(slot_bytes) {}
@@ -92,6 +97,9 @@ struct PeerInfo {
   int pid = 0;
   std::string tcp_addr;  // "ip:port" of this rank's tcp listener
   std::string settings;  // CHORUS_* settings that must agree on every rank (checked at init)
+  // What each transport found on this rank that peers need to decide whether it can reach it (transport name ->
+  // short text, e.g. ucx -> "shm,net"); filled by Transport::describe().
+  std::map<std::string, std::string> transport_caps;
   std::vector<std::byte> serialize() const;
   static PeerInfo deserialize(const std::vector<std::byte>& blob);  // throws on malformed data
 };
@@ -119,7 +127,11 @@ class Transport {
   virtual const char* name() const = 0;
   // Adds what peers need to reach this rank (e.g. the tcp listener's address) before the info is all-gathered.
   virtual void describe(PeerInfo& self) const {}
+  // Must give the same answer on both ranks of a pair (decide from what both published), or they would choose
+  // different transports.
   virtual bool can_connect(const PeerInfo& self, const PeerInfo& peer) const = 0;
+  // Why this transport can reach no peer at all on this rank ("no RDMA device ..."), or "" when it may.
+  virtual std::string unavailable_reason() const { return {}; }
   virtual std::vector<std::byte> prepare(const ConnectSpec& spec) = 0;
   virtual std::unique_ptr<Connection> connect(const ConnectSpec& spec, const std::vector<std::byte>& peer_data,
                                               Deadline deadline) = 0;
@@ -127,9 +139,20 @@ class Transport {
 };
 
 // Creates a transport for one communicator (before its rendezvous). `secret` authenticates tcp connections.
-// Throws chorusInvalidArgument for an unknown name, listing the known ones.
+// Throws chorusInvalidArgument for an unknown name, listing the known ones. A known transport that this build or
+// this machine lacks (no UCX, no RDMA device) is still created: it reaches no peer and says why
+// (unavailable_reason()), so one CHORUS_TRANSPORTS works on every machine of a job.
 std::unique_ptr<Transport> make_transport(const std::string& name, const Secret& secret);
-// Known transport names, in default priority order.
+// Known transport names, in priority order (local > shm > ibverbs > ucx > tcp).
 std::vector<std::string> transport_names();
+
+// What a transport is and what it finds on this machine, for chorus-info.
+struct TransportReport {
+  std::string name;
+  std::string description;  // one line: what it moves bytes with
+  std::string found;        // what it sees here (UCX version and transports, RDMA devices), or why it cannot run
+  bool available = true;
+};
+TransportReport report_transport(const std::string& name);
 
 }  // namespace chorus

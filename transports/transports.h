@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "transports/transport.h"
 
@@ -10,5 +11,11 @@ namespace chorus {
 std::unique_ptr<Transport> make_local_transport();
 std::unique_ptr<Transport> make_shm_transport();
 std::unique_ptr<Transport> make_tcp_transport(const Secret& secret);
+// Built only with UCX (CHORUS_WITH_UCX) / libibverbs (CHORUS_WITH_IBVERBS); transport.cc stands in for them
+// otherwise. The probes say what the transport finds on this machine (chorus-info) and set *available.
+std::unique_ptr<Transport> make_ucx_transport();
+std::string ucx_probe(bool* available);
+std::unique_ptr<Transport> make_ibverbs_transport();
+std::string ibverbs_probe(bool* available);
 
 }  // namespace chorus

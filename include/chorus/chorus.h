@@ -162,6 +162,39 @@ chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t 
                                    chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                               chorusComm_t comm, chorusStream_t stream);
+/* Compressed collectives (docs/compression.md): all-reduce, reduce-scatter and all-gather of float32 data with
+ * sum or avg (sign_vote: sum, the result is the majority sign) send codes instead of values. The error is
+ * explicit and bounded (docs/compression.md lists it per codec and schedule); every rank of a compressed
+ * all-reduce or all-gather ends with the same bits. Schedules (chorusCollOptions_t::algorithm): "qonce"
+ * (quantize once: direct reduce-scatter of codes, fp32 accumulation at the owner, one re-quantization of the
+ * result; ZeRO++, Wang et al. 2023), "ring" (codes re-quantized at every hop, for comparison), "hier" (only the
+ * messages between hosts coded; needs several hosts). Default: "qonce" with error feedback or sign_vote, else
+ * "hier" when the ranks span several hosts with more than one rank on a host, else "qonce". */
+typedef enum {
+  chorusCodecInt8 = 1,    /* int8, one fp32 scale per block (block 32..1024 elements, multiple of 32; default 256) */
+  chorusCodecFp8E4M3 = 2, /* OCP MX fp8 e4m3, one power-of-two (E8M0) scale per 32 elements; never saturates */
+  chorusCodecInt4 = 3,    /* int4 [-7, 7], one fp16 scale per 32 elements */
+  chorusCodecSign1 = 4,   /* 1 bit per element, scale = L2 norm / sqrt(n) per block (default 2048; 1-bit Adam) */
+  chorusCodecSignVote = 5 /* signSGD with majority vote: the sign of the sum of the ranks' signs (+1 on a tie);
+                             all-reduce, qonce, op sum only */
+} chorusCodec_t;
+typedef struct {
+  size_t size; /* sizeof(chorusCompression_t) of the caller's header */
+  chorusCodec_t codec;
+  uint32_t block;          /* elements per scale; 0 = the codec's default */
+  int stochastic_rounding; /* 1: unbiased rounding from Philox keyed on (seed, step, rank, element); int8/fp8/int4 */
+  uint64_t seed;
+  uint64_t step; /* the training step: stochastic rounding draws fresh variates per step */
+  /* Error feedback (quantize-once schedule only): a residual the caller owns and keeps between calls (save it with
+   * a checkpoint), error_feedback_elems floats, zero-initialised before the first call. All-reduce of count
+   * elements: 2 * count (the worker residual over the input, then the owner residual); reduce-scatter of recvcount:
+   * nranks * recvcount. NULL: no feedback. Not for all-gather. Every rank passes its own. */
+  float* error_feedback;
+  size_t error_feedback_elems;
+} chorusCompression_t;
+#define CHORUS_COMPRESSION_INIT(codec_) \
+  { sizeof(chorusCompression_t), (codec_), 0, 0, 0, 0, NULL, 0 }
+
 /* Per-call options for the *Ex forms. Start from CHORUS_COLL_OPTIONS_INIT, so that fields added in later versions
  * keep their defaults. `size` must be sizeof(chorusCollOptions_t) of the caller's header (at least the fields
  * below); NULL options mean all defaults. */
@@ -171,9 +204,14 @@ typedef struct {
    * "pat", "hier", "oneshot", "pairwise"), or NULL to let the selector choose (CHORUS_ALGO, then the cost model).
    * Every rank must pass the same name. An unknown name is chorusInvalidArgument listing the known ones. */
   const char* algorithm;
+  /* Compression of this call (all-reduce, reduce-scatter, all-gather), or NULL. With compression, `algorithm`
+   * names a compressed schedule ("qonce", "ring", "hier") or is NULL for the default. Every rank must pass the same
+   * codec, block and schedule. An unsupported datatype (anything but float32) or op (prod, max, min, or avg with
+   * sign_vote) is chorusInvalidArgument naming it. */
+  const chorusCompression_t* compression;
 } chorusCollOptions_t;
 #define CHORUS_COLL_OPTIONS_INIT \
-  { sizeof(chorusCollOptions_t), NULL }
+  { sizeof(chorusCollOptions_t), NULL, NULL }
 
 /* The collectives above with per-call options (same arguments, same errors; plus chorusInvalidArgument for bad
  * options, or an algorithm that does not apply to the communicator, e.g. "oneshot" beyond 64 ranks; the

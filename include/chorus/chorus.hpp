@@ -86,14 +86,25 @@ enum class Op : int { Sum = chorusSum, Prod = chorusProd, Max = chorusMax, Min =
 // Per-call options of the blocking collectives (chorusCollOptions_t). `algorithm`: a name chorus-info lists for the
 // collective ("ring", "tree", "rhd", "bruck", "pat", "hier", ...), or nullptr for the selector's choice; every rank
 // must pass the same. An unknown name throws CommError (chorusInvalidArgument) listing the known ones.
+// `compression`: compressed all_reduce / reduce_scatter / all_gather of float (chorus.h, chorusCompression_t;
+// start from Compression(codec)); `algorithm` then names a compressed schedule ("qonce", "ring", "hier") or is
+// nullptr for the default. The compression struct, and its error-feedback residual, stay the caller's.
 struct CallOptions {
   const char* algorithm = nullptr;
+  const chorusCompression_t* compression = nullptr;
   chorusCollOptions_t c() const {
     chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
     o.algorithm = algorithm;
+    o.compression = compression;
     return o;
   }
 };
+
+// A chorusCompression_t for `codec` with every other field at its default (CHORUS_COMPRESSION_INIT).
+inline chorusCompression_t Compression(chorusCodec_t codec) {
+  chorusCompression_t z = CHORUS_COMPRESSION_INIT(codec);
+  return z;
+}
 
 class UniqueId {
  public:

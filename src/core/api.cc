@@ -297,6 +297,39 @@ chorusResult_t collective_ex(chorusComm* comm, CollArgs a, const chorusCollOptio
             cat("options->size=", options->size, " is too small: initialise options with CHORUS_COLL_OPTIONS_INIT"));
       });
     if (options->algorithm != nullptr) a.algorithm = options->algorithm;
+    const bool has_compression =
+        options->size >= offsetof(chorusCollOptions_t, compression) + sizeof(options->compression);
+    if (has_compression && options->compression != nullptr) {
+      const chorusCompression_t& z = *options->compression;
+      chorusResult_t bad = chorusSuccess;
+      std::string why;
+      if (z.size < offsetof(chorusCompression_t, error_feedback_elems) + sizeof(z.error_feedback_elems)) {
+        bad = chorusInvalidArgument;
+        why = cat("options->compression->size=", z.size,
+                  " is too small: initialise it with CHORUS_COMPRESSION_INIT(codec)");
+      } else if (z.codec < chorusCodecInt8 || z.codec > chorusCodecSignVote) {
+        bad = chorusInvalidArgument;
+        why = cat("options->compression->codec=", static_cast<int>(z.codec), " is not a chorusCodec_t");
+      } else if (z.stochastic_rounding != 0 && z.stochastic_rounding != 1) {
+        bad = chorusInvalidArgument;
+        why = cat("options->compression->stochastic_rounding=", z.stochastic_rounding, " must be 0 or 1");
+      } else if (z.error_feedback == nullptr && z.error_feedback_elems != 0) {
+        bad = chorusInvalidArgument;
+        why = cat("options->compression->error_feedback is NULL with error_feedback_elems=", z.error_feedback_elems);
+      }
+      if (bad != chorusSuccess) return guarded(comm, [&] { throw Error(bad, Subsys::Core, why); });
+      using kernels::codec::CodecKind;
+      static constexpr CodecKind kinds[] = {CodecKind::Int8, CodecKind::Fp8E4M3, CodecKind::Int4, CodecKind::Sign1,
+                                            CodecKind::SignVote};
+      a.compressed = true;
+      a.codec.kind = kinds[z.codec - chorusCodecInt8];
+      a.codec.block = z.block;
+      a.codec.stochastic_rounding = z.stochastic_rounding != 0;
+      a.codec.seed = z.seed;
+      a.codec_step = z.step;
+      a.error_feedback = z.error_feedback;
+      a.error_feedback_elems = z.error_feedback_elems;
+    }
   }
   return collective(comm, std::move(a), stream);
 }

@@ -98,7 +98,11 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
   }
   if (transports_.empty()) bad_arg("CHORUS_TRANSPORTS lists no transport");
   PeerInfo self = local_peer_info(rank);
-  for (auto& t : transports_) t->describe(self);
+  for (auto& t : transports_) {
+    t->describe(self);
+    const std::string why = t->unavailable_reason();
+    if (!why.empty()) CHORUS_INFO(Transport, "rank %d: transport %s is unavailable: %s", rank, t->name(), why.c_str());
+  }
   self.settings =
       cat("CHORUS_SLICE_BYTES=", slice_bytes_, " CHORUS_FIFO_DEPTH=", fifo_depth_, " CHORUS_NCHANNELS=", nchannels_,
           " CHORUS_TRANSPORTS=", param_str(Param::Transports), " CHORUS_ALGO=", param_str(Param::Algo),
@@ -206,7 +210,9 @@ void CommImpl::validate(CollArgs& a) const {
   if (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) {
     if (a.root < 0 || a.root >= n) bad_arg(cat("root=", a.root, " is out of range [0, ", n, ")"));
   }
-  if (!a.algorithm.empty()) {
+  if (a.compressed) {
+    validate_compression(a);
+  } else if (!a.algorithm.empty()) {
     const algo::AlgorithmInfo* info = algo::find_algorithm(a.coll, a.algorithm);
     if (info == nullptr)
       bad_arg(cat("options->algorithm='", a.algorithm, "' is not an algorithm for ", algo::coll_name(a.coll),
@@ -401,9 +407,21 @@ void CommImpl::abort() {
 Transport& CommImpl::choose_transport(int peer) {
   for (auto& t : transports_)
     if (t->can_connect(peers_[rank_], peers_[peer])) return *t;
+  // Say why each listed transport cannot: most often it cannot run here at all (not built, no device).
+  std::string why;
+  for (auto& t : transports_) {
+    std::string r = t->unavailable_reason();
+    if (r.empty()) {
+      // Transports that publish what they found (ucx, ibverbs) may be missing on the peer.
+      const bool mine = peers_[rank_].transport_caps.count(t->name()) > 0;
+      const bool theirs = peers_[peer].transport_caps.count(t->name()) > 0;
+      r = mine && !theirs ? cat("unavailable on rank ", peer) : "cannot reach it from here";
+    }
+    why += cat(why.empty() ? "" : "; ", t->name(), ": ", r);
+  }
   throw Error(chorusSystemError, Subsys::Transport,
               cat("rank ", rank_, ": no transport in CHORUS_TRANSPORTS='", param_str(Param::Transports),
-                  "' can reach rank ", peer));
+                  "' can reach rank ", peer, " (", why, ")"));
 }
 
 void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed, const WireHeader& call,
@@ -533,12 +551,136 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   throw named;
 }
 
+namespace {
+// The executor's view of a codec (kernels/cpu/codec.h) for one call: the rank and step key stochastic rounding.
+class CpuWireCodec final : public WireCodec {
+ public:
+  CpuWireCodec(const kernels::codec::Codec& c, uint32_t rank, uint64_t step) : c_(c), rank_(rank), step_(step) {}
+  size_t encoded_bytes(size_t elems) const override { return kernels::codec::encoded_bytes(c_, elems); }
+  size_t block_elems() const override { return kernels::codec::record_elems(c_); }
+  void encode(const float* in, size_t elems, std::byte* out, uint64_t first_elem) const override {
+    kernels::codec::EncodeCtx ctx;
+    ctx.step = step_;
+    ctx.rank = rank_;
+    ctx.first_elem = first_elem;
+    kernels::codec::encode(c_, in, elems, out, ctx);
+  }
+  void decode(const std::byte* in, size_t elems, float* out) const override {
+    kernels::codec::decode(c_, in, elems, out);
+  }
+  void decode_accumulate(const std::byte* in, size_t elems, float* acc) const override {
+    kernels::codec::decode_accumulate(c_, in, elems, acc);
+  }
+
+ private:
+  kernels::codec::Codec c_;
+  uint32_t rank_;
+  uint64_t step_;
+};
+
+// Bits 0-3: codec kind + 1; bit 4: stochastic rounding; bits 5-30: a hash of the block, seed and step.
+int32_t codec_fingerprint(const kernels::codec::Codec& c, uint64_t step) {
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (uint64_t v : {static_cast<uint64_t>(kernels::codec::block_elems(c)), c.stochastic_rounding ? c.seed : 0,
+                     c.stochastic_rounding ? step : 0}) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ull;
+  }
+  return static_cast<int32_t>((static_cast<uint32_t>(c.kind) + 1) | (c.stochastic_rounding ? 16u : 0u) |
+                              static_cast<uint32_t>((h >> 20) & 0x3ffffffu) << 5);
+}
+
+}  // namespace
+
+const algo::AlgorithmInfo& CommImpl::compressed_algorithm(const CollArgs& a) const {
+  // Error feedback and the majority vote live in the quantize-once schedule.
+  if (a.algorithm.empty() && (a.error_feedback || a.codec.kind == kernels::codec::CodecKind::SignVote))
+    return *algo::find_compressed_algorithm(a.coll, "qonce");
+  if (a.algorithm.empty()) return algo::default_compressed_algorithm(a.coll, selector_->host_of_rank());
+  const algo::AlgorithmInfo* info = algo::find_compressed_algorithm(a.coll, a.algorithm);
+  if (info == nullptr)
+    bad_arg(cat("options->algorithm='", a.algorithm, "' is not a compressed schedule for ", algo::coll_name(a.coll),
+                " (known: ", algo::compressed_algorithm_names(a.coll), ")"));
+  return *info;
+}
+
+void CommImpl::validate_compression(const CollArgs& a) const {
+  if (a.coll != Coll::AllReduce && a.coll != Coll::ReduceScatter && a.coll != Coll::AllGather)
+    bad_arg(cat("options->compression is for all-reduce, reduce-scatter and all-gather, not ", algo::coll_name(a.coll)));
+  try {
+    if (a.coll == Coll::AllGather) {
+      kernels::codec::validate(a.codec, a.dtype, chorusSum);
+      if (a.codec.kind == kernels::codec::CodecKind::SignVote)
+        bad_arg("options->compression->codec=sign_vote is a reduction (majority vote): not for all-gather");
+    } else {
+      if (a.op >= chorusNumOps)
+        bad_arg(cat("op=", static_cast<int>(a.op), " is a pre-multiplied sum: compression supports sum and avg"));
+      kernels::codec::validate(a.codec, a.dtype, a.op);
+      if (a.codec.kind == kernels::codec::CodecKind::SignVote && a.op != chorusSum)
+        bad_arg(cat("options->compression->codec=sign_vote needs op=sum (the result is the majority sign), not op=",
+                    op_name(a.op)));
+    }
+  } catch (const Error& e) {
+    if (e.code() != chorusInvalidArgument) throw;
+    bad_arg(cat("options->compression: ", e.what()));
+  }
+  const algo::AlgorithmInfo& info = compressed_algorithm(a);
+  const std::string name = info.name;
+  const bool vote = a.codec.kind == kernels::codec::CodecKind::SignVote;
+  if (vote && (a.coll != Coll::AllReduce || name != "qonce"))
+    bad_arg(cat("options->compression->codec=sign_vote is a majority vote: all-reduce with the qonce schedule only, "
+                "not ", algo::coll_name(a.coll), " with '", name, "' (partial sums of signs are not votes)"));
+  if (vote && a.error_feedback != nullptr)
+    bad_arg("options->compression->error_feedback: sign_vote has no error feedback (a vote carries no magnitude)");
+  if (name == "hier") {
+    const std::vector<int>& hosts = selector_->host_of_rank();
+    if (std::all_of(hosts.begin(), hosts.end(), [&](int h) { return h == hosts.front(); }))
+      bad_arg("options->algorithm='hier' compresses only between hosts, and every rank is on one host: nothing would "
+              "be compressed (use 'qonce')");
+  }
+  try {
+    algo::get_program(info, {nranks_, 0, nchannels_, selector_->host_of_rank()});
+  } catch (const std::invalid_argument& e) {
+    bad_arg(cat("options->algorithm='", info.name, "' does not apply to this communicator: ", e.what()));
+  }
+  // Slices are whole records; a slice's plain fp32 messages (inside a host for hier) must fit a slot too.
+  const size_t rec = kernels::codec::record_elems(a.codec);
+  if (rec * sizeof(float) > slice_bytes_)
+    bad_arg(cat("options->compression: one record of the codec (", rec, " elements, ", rec * sizeof(float),
+                " bytes of float32) does not fit CHORUS_SLICE_BYTES=", slice_bytes_, ": use a smaller block"));
+  if (a.error_feedback == nullptr) return;
+  if (std::string(info.name) != "qonce")
+    bad_arg(cat("options->compression->error_feedback needs the qonce schedule, not '", info.name, "'"));
+  if (a.coll == Coll::AllGather)
+    bad_arg("options->compression->error_feedback is for reductions (all-reduce, reduce-scatter), not all-gather");
+  const size_t need = error_feedback_elems(a);
+  if (a.error_feedback_elems < need)
+    bad_arg(cat("options->compression->error_feedback_elems=", a.error_feedback_elems, " is too small: ",
+                algo::coll_name(a.coll), " of count ", a.count, " needs ", need));
+  // The residual is read and written while the buffers are: it must not share bytes with them.
+  const auto* ef = reinterpret_cast<const std::byte*>(a.error_feedback);
+  const size_t ef_bytes = need * sizeof(float);
+  const size_t in_bytes = (a.coll == Coll::ReduceScatter ? nranks_ : 1) * a.count * sizeof(float);
+  const size_t out_bytes = a.count * sizeof(float);
+  auto overlaps = [&](const void* p, size_t bytes) {
+    const auto* b = static_cast<const std::byte*>(p);
+    return b != nullptr && bytes > 0 && ef < b + bytes && b < ef + ef_bytes;
+  };
+  if (overlaps(a.send, in_bytes) || overlaps(a.recv, out_bytes))
+    bad_arg("options->compression->error_feedback overlaps sendbuff or recvbuff");
+}
+
+size_t CommImpl::error_feedback_elems(const CollArgs& a) const {
+  return a.coll == Coll::AllReduce ? 2 * a.count : static_cast<size_t>(nranks_) * a.count;
+}
+
 void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
   const Deadline deadline = Deadline::after_ms(timeout_ms_);
   const int n = nranks_;
   const size_t esz = a.coll == Coll::SendRecv ? 1 : dtype_size(a.coll == Coll::Barrier ? chorusUint8 : a.dtype);
 
   const algo::Program* shared_prog = nullptr;  // owned by the algorithm cache
+  std::shared_ptr<const algo::Program> compressed_prog;
   algo::RankProgram p2p_prog;
   const algo::RankProgram* prog = nullptr;
   Layout layout;
@@ -613,16 +755,27 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     prog = &p2p_prog;
     hdr.seq = uint64_t{1} << 63;  // p2p is not sequenced with collectives; sizes are still checked per message
   } else {
-    std::shared_ptr<const algo::Choice> choice =
-        selector_->choose(a.coll, a.count, esz, a.root, a.algorithm.empty() ? nullptr : a.algorithm.c_str());
-    shared_prog = choice->program.get();
-    hdr.algo = static_cast<uint16_t>(choice->algorithm->id);
+    if (a.compressed) {
+      // Compressed schedules are named (or defaulted), not chosen by the cost model.
+      const algo::AlgorithmInfo& info = compressed_algorithm(a);
+      compressed_prog = algo::get_program(info, {n, 0, nchannels_, selector_->host_of_rank()});
+      shared_prog = compressed_prog.get();
+      hdr.algo = static_cast<uint16_t>(info.id);
+    } else {
+      std::shared_ptr<const algo::Choice> choice =
+          selector_->choose(a.coll, a.count, esz, a.root, a.algorithm.empty() ? nullptr : a.algorithm.c_str());
+      shared_prog = choice->program.get();
+      hdr.algo = static_cast<uint16_t>(choice->algorithm->id);
+    }
     prog = &shared_prog->ranks[rank_];
     hdr.seq = ++seq_;
     hdr.count = a.coll == Coll::AllToAllv ? 0 : a.count;
     hdr.dtype = static_cast<uint8_t>(a.dtype);
     hdr.op = static_cast<uint8_t>(is_reduction(a.coll) ? std::min<int>(a.op, chorusNumOps) : 0);
     hdr.root = (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) ? a.root : 0;
+    // Compressed calls are not rooted: the root field carries the codec's fingerprint instead, so ranks that
+    // pass different codecs, blocks or rounding keys get a mismatch error instead of decoding garbage.
+    if (a.compressed) hdr.root = codec_fingerprint(a.codec, a.codec_step);
     // The API fixes the blocks of each buffer (algo::call_blocks, which the simulator maps chunks with too); the
     // program fixes how many parts each block is cut into.
     void* send = const_cast<void*>(a.send);
@@ -635,7 +788,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
           // In place: the pairwise exchange would overwrite blocks it has yet to send, so stage the input.
           size_t bytes = a.count * n * esz;
           if (staging_.size() < bytes) staging_.resize(bytes);
-          std::memcpy(staging_.data(), send, bytes);
+          if (bytes > 0) std::memcpy(staging_.data(), send, bytes);
           send = staging_.data();
         }
         [[fallthrough]];
@@ -728,6 +881,26 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     plan.layout = &layout;
     plan.reducer = reducer ? &*reducer : nullptr;
     plan.slice_elems = std::max<size_t>(1, slice_bytes_ / esz);
+    std::optional<CpuWireCodec> codec;
+    Layout residual;
+    if (a.compressed) {
+      codec.emplace(a.codec, static_cast<uint32_t>(rank_), a.codec_step);
+      plan.codec = &*codec;
+      // Slices end on record boundaries, so no scale block straddles two slices (or two ranks' chunks).
+      const size_t rec = codec->block_elems();
+      plan.slice_elems = std::max(rec, plan.slice_elems / rec * rec);
+      if (a.error_feedback) {
+        residual.elem_size = sizeof(float);
+        const algo::BlockShape bin = algo::call_blocks(a.coll, BufKind::Input, a.count, n, *prog);
+        residual.set_uniform(BufKind::Input, a.error_feedback, bin.nblocks, bin.block_elems, prog->input.parts);
+        if (prog->scratch.nblocks > 0) {
+          const algo::BlockShape bs = algo::call_blocks(a.coll, BufKind::Scratch, a.count, n, *prog);
+          residual.set_uniform(BufKind::Scratch, a.error_feedback + bin.nblocks * bin.block_elems, bs.nblocks,
+                               bs.block_elems, prog->scratch.parts);
+        }
+        plan.residual = &residual;
+      }
+    }
     plan.header = hdr;
     plan.deadline = deadline;
     plan.check_abort = [this] { check_abort(); };

@@ -13,11 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/algorithms.h"
 #include "algorithms/program.h"
 #include "algorithms/selector.h"
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/unique_id.h"
 #include "core/error.h"
+#include "kernels/cpu/codec.h"
 #include "runtime/executor.h"
 #include "transports/transport.h"
 
@@ -48,6 +50,12 @@ struct CollArgs {
   std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;  // all-to-allv
   std::vector<P2POp> p2p;                                        // send/recv group
   std::string algorithm;  // per-call choice (chorusCollOptions_t::algorithm); empty: the selector chooses
+  // chorusCollOptions_t::compression, copied (the residual stays the caller's).
+  bool compressed = false;
+  kernels::codec::Codec codec;
+  uint64_t codec_step = 0;
+  float* error_feedback = nullptr;
+  size_t error_feedback_elems = 0;
 };
 
 // Completion state of one operation (a chorusRequest_t points to one).
@@ -72,6 +80,10 @@ class CommImpl {
 
   // Throws chorusInvalidArgument naming the bad argument; touches no buffer. Resolves pre-multiplied sums.
   void validate(CollArgs& a) const;
+  // Compressed calls: the schedule (named or default), the checks of the options, the residual's length.
+  const algo::AlgorithmInfo& compressed_algorithm(const CollArgs& a) const;
+  void validate_compression(const CollArgs& a) const;
+  size_t error_feedback_elems(const CollArgs& a) const;
   // Runs a validated call to completion in this thread (after queued non-blocking work). Throws on failure.
   void run_blocking(CollArgs a);
   // Queues a validated call for the worker thread.

@@ -20,10 +20,26 @@ constexpr ParamInfo kParams[] = {
      "Deadline in milliseconds for every blocking wait (rendezvous, connection, collective progress). A wait "
      "that passes it fails with chorusTimeout naming the peer that is missing."},
     {Param::Transports, "CHORUS_TRANSPORTS", "string", "local,shm,tcp",
-     "Transports allowed, in priority order; for each peer the first that can connect is used."},
+     "Transports allowed, in priority order; for each peer the first that can connect is used. Known: local, shm, "
+     "ibverbs, ucx, tcp (chorus-info shows what each finds here). ibverbs and ucx are opted into by listing them, "
+     "e.g. local,shm,ibverbs,tcp; one that cannot run here (not built, no RDMA device) reaches no peer and the "
+     "next in the list is used."},
     {Param::SocketIfname, "CHORUS_SOCKET_IFNAME", "string", "",
      "Network interface for bootstrap and tcp (e.g. eth0). Default: the first interface that is up and not "
      "loopback, else loopback. A name that does not exist is an error listing the names that do."},
+    {Param::UcxTls, "CHORUS_UCX_TLS", "string", "",
+     "UCX transports for the ucx transport (passed to UCX as its TLS setting, e.g. sm, tcp, rc,sm, ^cma). Default: "
+     "UCX_TLS when set, else UCX's own choice."},
+    {Param::IbHca, "CHORUS_IB_HCA", "string", "",
+     "RDMA devices and ports for the ibverbs transport: a comma-separated list of device[:port] prefixes "
+     "(mlx5_0:1,mlx5_1); a leading = matches names exactly, a leading ^ excludes the listed ones. Default: the "
+     "first device with an active port."},
+    {Param::IbGidIndex, "CHORUS_IB_GID_INDEX", "string", "auto",
+     "GID index for the ibverbs transport (RoCE needs one; InfiniBand uses the LID and GID 0). auto: on RoCE the "
+     "first RoCE v2 GID holding an IPv4 address, else RoCE v2, else the first valid one."},
+    {Param::IbQpsPerConnection, "CHORUS_IB_QPS_PER_CONNECTION", "int", "1",
+     "RC queue pairs per ibverbs connection (1..16); slices are spread over them in turn. Must agree on every "
+     "rank."},
     {Param::SliceBytes, "CHORUS_SLICE_BYTES", "size", "256K",
      "Pipelining unit: bytes per message on a connection (and per FIFO slot)."},
     {Param::FifoDepth, "CHORUS_FIFO_DEPTH", "int", "4",

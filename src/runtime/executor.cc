@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -69,9 +70,15 @@ std::string describe_header(const WireHeader& h) {
   if (coll == algo::Coll::AllReduce || coll == algo::Coll::Reduce || coll == algo::Coll::ReduceScatter)
     s += cat(", ", op_name(static_cast<chorusRedOp_t>(h.op)));
   if (coll == algo::Coll::Broadcast || coll == algo::Coll::Reduce) s += cat(", root=", h.root);
+  if (h.algo >= algo::kCompressedIdBase && (h.root & 15) >= 1 && (h.root & 15) <= 5) {
+    // Compressed calls carry the codec's fingerprint in the root field (communicator.cc, codec_fingerprint).
+    static const char* const kCodecs[] = {"int8", "fp8_e4m3", "int4", "sign1", "sign_vote"};
+    s += cat(", codec=", kCodecs[(h.root & 15) - 1], (h.root & 16) ? " stochastic" : "", " settings#",
+             (static_cast<uint32_t>(h.root) >> 5));
+  }
   if (coll != algo::Coll::SendRecv) {
-    const auto table = algo::algorithm_table();
-    s += cat(", algorithm=", h.algo < table.size() ? table[h.algo].name : "?");
+    const algo::AlgorithmInfo* info = algo::algorithm_by_id(h.algo);
+    s += cat(", algorithm=", info ? info->name : "?", info && info->id >= algo::kCompressedIdBase ? " (compressed)" : "");
   }
   return s + cat(", seq=", h.seq & ~(uint64_t{1} << 63), ")");
 }
@@ -201,12 +208,17 @@ class Run {
     }
   }
 
-  // Sleeps until any socket of the call can move bytes: readable, or writable with bytes queued.
+  // Sleeps until any descriptor of the call can move bytes: a socket readable, or writable with bytes queued; an
+  // event fd (UCX worker, verbs completion channel) signalled. Connections sharing one descriptor are armed once.
   void wait_sockets(int timeout_us) {
     fds_.clear();
     for (Connection* c : *p_.all_conns) {
-      if (c->poll_fd() < 0) continue;
-      fds_.push_back({c->poll_fd(), static_cast<short>(POLLIN | (c->send_idle() ? 0 : POLLOUT)), 0});
+      const int fd = c->poll_fd();
+      if (fd < 0) continue;
+      if (std::any_of(fds_.begin(), fds_.end(), [fd](const pollfd& p) { return p.fd == fd; })) continue;
+      const short events = c->arm_poll();
+      if (events == 0) return;  // something is pending already: go and progress it
+      fds_.push_back({fd, events, 0});
     }
     poll(fds_.data(), fds_.size(), std::max(1, timeout_us / 1000));
   }
@@ -294,6 +306,11 @@ class Run {
     const size_t n = algo::op_writes_dst(s.op) ? dst.elems : src.elems;
     const bool src_input = s.src.buf == BufKind::Input;
     const bool last = slice + 1 == nslices(s);
+    if (s.code != 0) {
+      coded_step(s, c, in, out, src, dst, n, slice, last);
+      return true;
+    }
+    if (cache_ptr_ != nullptr && dst.ptr == cache_ptr_) cache_ptr_ = nullptr;
     if (c.recv) check_header(*in.header, s, n * esz, last);
     auto copy = [&](std::byte* to, const std::byte* from, bool from_input, bool fin) {
       if (red) {
@@ -333,8 +350,157 @@ class Run {
     return true;
   }
 
+  // A step with StepCode bits (algo::StepCode in program.h gives the rules): the value is formed from the decoded
+  // message and src (in place where it can be, else in fp32 scratch), then encoded into the outgoing slot; a step
+  // that writes dst writes what the receivers will decode. Float32 only (validated by the communicator).
+  // Encodes of the same slice (the owner's result sent to every peer) reuse the first encode's bytes.
+  void coded_step(const Step& s, const StepConns& c, MessageView in, std::byte* out, Span src, Span dst, size_t n,
+                  size_t slice, bool last) {
+    const WireCodec& codec = *p_.codec;
+    const kernels::Reducer* red = p_.reducer;
+    const bool coded_in = s.code & algo::kCodedIn, coded_out = s.code & algo::kCodedOut;
+    const bool src_input = s.src.buf == BufKind::Input;
+    if (c.recv) check_header(*in.header, s, coded_in ? codec.encoded_bytes(n) : n * sizeof(float), last);
+    if (c.send && (coded_out ? codec.encoded_bytes(n) : n * sizeof(float)) > c.send->slot_bytes())
+      throw Error(chorusInternalError, Subsys::Runtime,
+                  cat(describe_call(p_.rank, p_.header), ": a message of ", n, " elements does not fit a slot of ",
+                      c.send->slot_bytes(), " bytes"));
+    if (value_.size() < n) {
+      value_.resize(n);
+      decoded_.resize(n);
+    }
+    float* v = value_.data();
+    auto fp = [](std::byte* b) { return reinterpret_cast<float*>(b); };
+    auto bytes = [](const float* f) { return reinterpret_cast<const std::byte*>(f); };
+    const bool transform_src = s.final || (red && src_input && red->spec().premul);
+    const float* m = nullptr;  // the message's values
+    if (c.recv) {
+      if (!coded_in) {
+        m = reinterpret_cast<const float*>(in.payload);
+      } else if (s.op == OpCode::RecvReduce && !coded_out && dst.ptr == src.ptr && !transform_src &&
+                 red->spec().kind == kernels::ReduceKind::Sum) {
+        codec.decode_accumulate(in.payload, n, fp(dst.ptr));  // acc += D(message): one pass
+        if (cache_ptr_ == dst.ptr) cache_ptr_ = nullptr;
+        finish_step(c, 0, last);
+        return;
+      } else {
+        codec.decode(in.payload, n, decoded_.data());
+        m = decoded_.data();
+      }
+    }
+    // The value of the step, as the uncompressed op would produce it; written straight to dst when dst keeps it.
+    const bool value_to_dst = algo::op_writes_dst(s.op) && !coded_out;
+    float* into = value_to_dst ? fp(dst.ptr) : v;
+    const float* val = into;
+    switch (s.op) {
+      case OpCode::Send:
+      case OpCode::Copy:
+        if (!transform_src && !value_to_dst) {
+          val = fp(src.ptr);
+        } else if (red) {
+          red->copy(into, src.ptr, n, src_input, s.final);
+        } else if (n > 0 && into != fp(src.ptr)) {
+          std::memcpy(into, src.ptr, n * sizeof(float));
+        }
+        break;
+      case OpCode::Recv:
+      case OpCode::RecvCopySend:
+        if (!s.final && !value_to_dst) {
+          val = m;
+        } else if (red) {
+          red->copy(into, bytes(m), n, false, s.final);
+        } else if (n > 0) {
+          std::memcpy(into, m, n * sizeof(float));
+        }
+        break;
+      case OpCode::RecvReduce:
+      case OpCode::RecvReduceSend:
+      case OpCode::RecvReduceCopySend: red->reduce(into, bytes(m), src.ptr, n, src_input, s.final); break;
+      case OpCode::Reduce: red->reduce(into, dst.ptr, src.ptr, n, src_input, s.final); break;
+    }
+    if (value_to_dst && cache_ptr_ == dst.ptr) cache_ptr_ = nullptr;  // the cached codes' source changed
+    size_t out_bytes = n * sizeof(float);
+    if (!coded_out) {
+      if (out && n > 0) std::memcpy(out, val, n * sizeof(float));
+      finish_step(c, out_bytes, last);
+      return;
+    }
+    float* residual = nullptr;
+    if ((s.code & algo::kErrorFeedback) && p_.residual) {
+      residual = reinterpret_cast<float*>(slice_in(*p_.residual, s.src, slice).ptr);
+      if (val != v && n > 0) std::memcpy(v, val, n * sizeof(float));
+      for (size_t i = 0; i < n; ++i) v[i] += residual[i];
+      val = v;
+      if (!src_input && n > 0) {
+        std::memcpy(src.ptr, v, n * sizeof(float));  // later encodes of src agree
+        if (cache_ptr_ == src.ptr) cache_ptr_ = nullptr;
+      }
+    }
+    out_bytes = codec.encoded_bytes(n);
+    if (out == nullptr) {  // a coded copy: encode aside
+      if (code_.size() < out_bytes) code_.resize(out_bytes);
+      out = code_.data();
+    }
+    // The slice whose codes these are, when they come from a chunk (the cache key).
+    const std::byte* origin = algo::op_reads_src(s.op) && val == fp(src.ptr) ? src.ptr : nullptr;
+    if (s.op == OpCode::RecvCopySend && coded_in) {
+      std::memcpy(out, in.payload, out_bytes);  // forward the codes exactly as they came
+    } else if (origin != nullptr && origin == cache_ptr_ && n == cache_n_) {
+      if (out != cache_.data()) std::memcpy(out, cache_.data(), out_bytes);
+    } else {
+      codec.encode(val, n, out, key(algo::op_reads_src(s.op) ? s.src : s.dst, slice));
+      if (origin != nullptr) {
+        if (cache_.size() < out_bytes) cache_.resize(out_bytes);
+        std::memcpy(cache_.data(), out, out_bytes);
+        cache_ptr_ = origin;
+        cache_n_ = n;
+      }
+    }
+    if (algo::op_writes_dst(s.op) || residual) {
+      // What the receivers get: into dst directly unless the residual needs it first.
+      float* d = algo::op_writes_dst(s.op) && !residual && dst.ptr != src.ptr ? fp(dst.ptr) : decoded_.data();
+      codec.decode(out, n, d);
+      if (residual)
+        for (size_t i = 0; i < n; ++i)
+          if (std::isfinite(d[i])) residual[i] = v[i] - d[i];  // a non-finite block keeps its residual
+      if (algo::op_writes_dst(s.op)) {
+        if (d != fp(dst.ptr) && n > 0) std::memcpy(dst.ptr, d, n * sizeof(float));
+        if (cache_ptr_ == dst.ptr) cache_ptr_ = nullptr;
+      }
+    }
+    finish_step(c, out_bytes, last);
+  }
+
+  void finish_step(const StepConns& c, size_t out_bytes, bool last) {
+    if (c.send) {
+      WireHeader h = p_.header;
+      h.bytes = static_cast<uint32_t>(out_bytes);
+      h.flags = last ? WireHeader::kLastSlice : 0;
+      c.send->send_commit(h);
+    }
+    if (c.recv) c.recv->recv_release();
+  }
+
+  Span slice_in(const Layout& layout, const algo::ChunkRef& ref, size_t slice) const {
+    Span c = layout.chunk(ref);
+    size_t begin = std::min(c.elems, slice * p_.slice_elems);
+    return {c.ptr ? c.ptr + begin * sizeof(float) : nullptr, std::min(c.elems - begin, p_.slice_elems)};
+  }
+
+  // Stochastic-rounding position of a slice: buffer, chunk and element offset, so distinct slices get distinct
+  // element ranges and two encodes of one chunk's slice get the same codes.
+  uint64_t key(const algo::ChunkRef& ref, size_t slice) const {
+    return (static_cast<uint64_t>(ref.buf) << 60) + (static_cast<uint64_t>(static_cast<uint32_t>(ref.chunk)) << 36) +
+           slice * p_.slice_elems;
+  }
+
   const ExecPlan& p_;
   const algo::RankProgram& prog_;
+  std::vector<float> value_, decoded_;  // one slice: the step's value and a decoded message
+  std::vector<std::byte> code_;         // codes of a coded copy
+  std::vector<std::byte> cache_;        // the last codes encoded from a chunk's slice, and that slice
+  const std::byte* cache_ptr_ = nullptr;
+  size_t cache_n_ = 0;
   std::vector<LaneState> lanes_;
   Blocked blocked_;          // what the last step that could not run waits for
   std::vector<pollfd> fds_;  // every socket of the call (a tree over tcp has many), reused between sleeps

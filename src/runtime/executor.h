@@ -52,6 +52,24 @@ class Layout {
   Buffer bufs_[3];
 };
 
+// The codec of a compressed call, as the executor uses it: fp32 values to one message of codes and scales and
+// back (kernels/cpu/codec.h does the work). Encoding is deterministic for a given `key`, so two encodes of the
+// same values with the same key give the same bytes. Thread-safety: const methods, no shared state.
+class WireCodec {
+ public:
+  virtual ~WireCodec() = default;
+  // Bytes of the message that carries `elems` values.
+  virtual size_t encoded_bytes(size_t elems) const = 0;
+  // Elements per scale block; slices are cut at multiples of it so no block straddles two slices or chunks.
+  virtual size_t block_elems() const = 0;
+  // `first_elem` places the slice in this rank's buffers (a distinct range per buffer, chunk and slice) for
+  // stochastic rounding; the codec adds the rank and the call's step.
+  virtual void encode(const float* in, size_t elems, std::byte* out, uint64_t first_elem) const = 0;
+  virtual void decode(const std::byte* in, size_t elems, float* out) const = 0;
+  // acc[i] += decoded element i.
+  virtual void decode_accumulate(const std::byte* in, size_t elems, float* acc) const = 0;
+};
+
 struct StepConns {
   Connection* recv = nullptr;
   Connection* send = nullptr;
@@ -61,6 +79,10 @@ struct ExecPlan {
   const algo::RankProgram* program = nullptr;
   const Layout* layout = nullptr;
   const kernels::Reducer* reducer = nullptr;  // nullptr: the collective only copies
+  // Compressed programs: the codec (float32 elements only) and the error-feedback residuals, laid out like the
+  // input and the scratch (`residual` maps BufKind::Input and BufKind::Scratch chunks to them), or nullptr.
+  const WireCodec* codec = nullptr;
+  const Layout* residual = nullptr;
   size_t slice_elems = 1;
   WireHeader header;                                           // template for every message (bytes filled per message)
   const std::vector<std::vector<StepConns>>* conns = nullptr;  // [lane][step]

@@ -1,4 +1,5 @@
-// Real processes over shm and tcp, started by chorusrun (and once by hand with torchrun-style variables).
+// Real processes over shm, tcp, UCX (over its shared memory and over tcp) and ibverbs (skipped without an RDMA
+// device), started by chorusrun (and once by hand with torchrun-style variables).
 // CHORUSRUN and MP_WORKER are the built binaries' paths (compile definitions).
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -18,53 +19,99 @@ using chorus::test::count_of;
 using chorus::test::Result;
 using chorus::test::run;
 
-std::string launch(int n, const std::string& transports, const std::string& mode) {
-  return "CHORUS_TRANSPORTS=" + transports + " " + CHORUSRUN + " -n " + std::to_string(n) + " --timeout 240 " +
-         MP_WORKER + " " + mode;
+// A way to connect ranks: a name for the test, and the environment that selects it.
+struct Net {
+  std::string name;
+  std::string env;
+};
+// UCX in both of the ways it runs on one machine: its shared-memory transports and its tcp over loopback.
+const Net kShm{"shm", "CHORUS_TRANSPORTS=shm"};
+const Net kTcp{"tcp", "CHORUS_TRANSPORTS=tcp"};
+const Net kUcxShm{"ucx_sm", "CHORUS_TRANSPORTS=ucx CHORUS_UCX_TLS=sm"};
+const Net kUcxTcp{"ucx_tcp", "CHORUS_TRANSPORTS=ucx CHORUS_UCX_TLS=tcp"};
+const Net kIbverbs{"ibverbs", "CHORUS_TRANSPORTS=ibverbs"};
+
+std::string launch(int n, const Net& net, const std::string& mode) {
+  return net.env + " " + CHORUSRUN + " -n " + std::to_string(n) + " --timeout 240 " + MP_WORKER + " " + mode;
 }
 
-class Matrix : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+// Why a job could not use its transport on this machine or build (it says so in the error every rank prints), or
+// "" when it ran.
+std::string unavailable(const Result& r) {
+  for (const char* why : {"no RDMA device", "not built: this build has no"}) {
+    const size_t at = r.out.find(why);
+    if (at != std::string::npos) return r.out.substr(at, r.out.find_first_of(";)\n", at) - at);
+  }
+  return "";
+}
+
+class Matrix : public ::testing::TestWithParam<std::tuple<Net, int>> {};
 
 TEST_P(Matrix, EveryRankChecksItsResults) {
-  auto [transports, n] = GetParam();
-  Result r = run(launch(n, transports, "matrix"));
+  auto [net, n] = GetParam();
+  Result r = run(launch(n, net, "matrix"));
+  if (const std::string why = unavailable(r); !why.empty()) GTEST_SKIP() << net.name << " cannot run here: " << why;
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(count_of(r.out, "cases passed"), n) << r.out;
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Processes, Matrix,
-                         ::testing::Values(std::make_tuple("shm", 2), std::make_tuple("shm", 3),
-                                           std::make_tuple("shm", 4), std::make_tuple("tcp", 2),
-                                           std::make_tuple("tcp", 3)),
+                         ::testing::Values(std::make_tuple(kShm, 2), std::make_tuple(kShm, 3), std::make_tuple(kShm, 4),
+                                           std::make_tuple(kTcp, 2), std::make_tuple(kTcp, 3),
+                                           std::make_tuple(kUcxShm, 2), std::make_tuple(kUcxShm, 4),
+                                           std::make_tuple(kUcxTcp, 2), std::make_tuple(kUcxTcp, 3),
+                                           std::make_tuple(kIbverbs, 2)),
                          [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+                           return std::get<0>(info.param).name + "_" + std::to_string(std::get<1>(info.param)) +
+                                  "ranks";
                          });
 
-class Fault : public ::testing::TestWithParam<std::string> {};
+class Fault : public ::testing::TestWithParam<Net> {};
 
 TEST_P(Fault, KilledRankIsNamedByTheOthersAndLauncherFails) {
   Result r = run(launch(4, GetParam(), "kill"));
+  if (const std::string why = unavailable(r); !why.empty()) GTEST_SKIP() << "cannot run here: " << why;
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_EQ(count_of(r.out, "kill: error names rank 2"), 3) << r.out;
 }
 
 TEST_P(Fault, MismatchedCountIsReportedEverywhereWithBothFingerprints) {
   Result r = run(launch(4, GetParam(), "mismatch-count"));
+  if (const std::string why = unavailable(r); !why.empty()) GTEST_SKIP() << "cannot run here: " << why;
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(count_of(r.out, "mismatch: reported with both fingerprints"), 4) << r.out;
 }
 
 TEST_P(Fault, MismatchedDtypeIsReportedEverywhereWithBothFingerprints) {
   Result r = run(launch(4, GetParam(), "mismatch-dtype"));
+  if (const std::string why = unavailable(r); !why.empty()) GTEST_SKIP() << "cannot run here: " << why;
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(count_of(r.out, "mismatch: reported with both fingerprints"), 4) << r.out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Processes, Fault, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Processes, Fault, ::testing::Values(kShm, kTcp, kUcxShm, kUcxTcp, kIbverbs),
+                         [](const auto& info) { return info.param.name; });
+
+// A transport listed first that cannot run here (ibverbs without a device; one not built) reaches no peer, and the
+// next in the list carries the job.
+TEST(Transports, UnavailableTransportFallsThroughToTheNext) {
+  Result r = run(launch(2, {"ibverbs_shm", "CHORUS_TRANSPORTS=ibverbs,ucx,shm"}, "smoke"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "smoke: job completed"), 2) << r.out;
+}
+
+// Asked for a transport that cannot run here and nothing else, every rank says why.
+TEST(Transports, OnlyAnUnavailableTransportIsAClearError) {
+  Result r = run(launch(2, {"ibverbs", "CHORUS_TRANSPORTS=ibverbs"}, "smoke"));
+  if (unavailable(r).empty()) GTEST_SKIP() << "ibverbs runs here";
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("no transport in CHORUS_TRANSPORTS='ibverbs' can reach rank"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ibverbs: "), std::string::npos) << r.out;
+}
 
 TEST(Bootstrap, ConnectionWithoutTheSecretIsRefusedAndLoggedAndTheJobCompletes) {
-  Result r = run(launch(3, "shm,tcp", "intruder"));
+  Result r = run(launch(3, {"shm_tcp", "CHORUS_TRANSPORTS=shm,tcp"}, "intruder"));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(count_of(r.out, "smoke: job completed"), 3) << r.out;
   // The root (in rank 0) logs every refusal at WARN, the default level.

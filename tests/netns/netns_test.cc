@@ -1,7 +1,7 @@
 // Emulated hosts: ranks placed by `chorusrun --hosts` into network namespaces that scripts/netns-hosts.sh joins by a
 // shaped bridge. Runs the multi-process correctness matrix across hosts and checks that ranks on different hosts
-// talk tcp over the bridge while ranks of one host use shm. Needs root and `ip netns`; skipped otherwise.
-// CHORUSRUN, MP_WORKER and NETNS_SCRIPT are paths (compile definitions).
+// talk tcp (or UCX over tcp, when chosen) over the bridge while ranks of one host use shm. Needs root and
+// `ip netns`; skipped otherwise. CHORUSRUN, MP_WORKER and NETNS_SCRIPT are paths (compile definitions).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -101,15 +101,18 @@ std::vector<std::string> namespaces_with(const std::string& prefix) {
   return found;
 }
 
-std::string launch(const std::string& prefix, const std::string& hosts, int n, const std::string& mode) {
-  return std::string("CHORUS_DEBUG=INFO CHORUS_DEBUG_SUBSYS=TRANSPORT ") + CHORUSRUN + " --hosts " + hosts +
+// `env` selects transports (default: the library's, local,shm,tcp).
+std::string launch(const std::string& prefix, const std::string& hosts, int n, const std::string& mode,
+                   const std::string& env = "") {
+  return env + " CHORUS_DEBUG=INFO CHORUS_DEBUG_SUBSYS=TRANSPORT " + CHORUSRUN + " --hosts " + hosts +
          (n > 0 ? " -n " + std::to_string(n) : std::string()) + " --netns-prefix " + prefix + " --timeout 240 " +
          MP_WORKER + " " + mode;
 }
 
-// Every "rank A: connected to rank B ... over T" line must name shm when A and B share a host, tcp otherwise;
-// returns the (A, B) pairs seen.
-std::set<std::pair<int, int>> check_transports(const std::string& out, const std::vector<int>& host_of) {
+// Every "rank A: connected to rank B ... over T" line must name shm when A and B share a host, `between` (tcp
+// unless the test chose another transport) otherwise; returns the (A, B) pairs seen.
+std::set<std::pair<int, int>> check_transports(const std::string& out, const std::vector<int>& host_of,
+                                               const std::string& between = "tcp") {
   std::set<std::pair<int, int>> pairs;
   std::regex re("rank (\\d+): connected to rank (\\d+) channel \\d+ over (\\w+)");
   for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) {
@@ -119,8 +122,8 @@ std::set<std::pair<int, int>> check_transports(const std::string& out, const std
         << it->str();
     if (a < 0 || b < 0 || a >= static_cast<int>(host_of.size()) || b >= static_cast<int>(host_of.size())) continue;
     const bool same = host_of[a] == host_of[b];
-    EXPECT_EQ(t, same ? "shm" : "tcp") << "rank " << a << " (host " << host_of[a] << ") to rank " << b << " (host "
-                                       << host_of[b] << "): " << it->str();
+    EXPECT_EQ(t, same ? "shm" : between) << "rank " << a << " (host " << host_of[a] << ") to rank " << b << " (host "
+                                         << host_of[b] << "): " << it->str();
     pairs.insert({a, b});
   }
   return pairs;
@@ -165,6 +168,28 @@ INSTANTIATE_TEST_SUITE_P(EmulatedHosts, Matrix, ::testing::Values(std::make_tupl
                            return std::to_string(std::get<0>(info.param)) + "hosts_x" +
                                   std::to_string(std::get<1>(info.param)) + "ranks";
                          });
+
+// The matrix with ranks of different hosts joined by UCX over tcp (through the shaped bridge), ranks of one host by
+// shm: the UCX transport between separate network stacks, as between machines.
+TEST(EmulatedHosts, MatrixOverUcxTcpBetweenHosts) {
+  const std::string why = cannot_run();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int hosts = 2, per_host = 2, n = hosts * per_host;
+  Hosts h(hosts, test_prefix(hosts));
+  if (!h.skip_reason().empty()) GTEST_SKIP() << "cannot create network namespaces here: " << h.skip_reason();
+  ASSERT_TRUE(h.up()) << h.output();
+  const long long sent_before = bytes_sent(h.prefix(), 1);
+  Result r =
+      run(launch(h.prefix(), std::to_string(hosts), n, "matrix", "CHORUS_TRANSPORTS=shm,ucx CHORUS_UCX_TLS=tcp"));
+  if (r.out.find("not built: this build has no UCX") != std::string::npos) GTEST_SKIP() << "no UCX in this build";
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "cases passed"), n) << r.out;
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+  std::vector<int> host_of(n);
+  for (int i = 0; i < n; ++i) host_of[i] = i / per_host;
+  EXPECT_EQ(static_cast<int>(check_transports(r.out, host_of, "ucx").size()), n * (n - 1)) << r.out;
+  EXPECT_GT(bytes_sent(h.prefix(), 1) - sent_before, 1 << 20) << "the cross-host bytes did not cross the bridge";
+}
 
 // Uneven hosts from an explicit list: 3 ranks on host 0, 1 on host 1.
 TEST(EmulatedHosts, UnevenPlacementFromAList) {

@@ -163,3 +163,95 @@ TEST(Verifier, ChosenProgramsForTheClusterAtScale) {
 
 }  // namespace
 }  // namespace chorus::algo
+
+namespace chorus::algo {
+namespace {
+
+// Compressed programs: proved like the others, plus how many times each contribution is quantized and that every
+// rank of an all-reduce or all-gather ends with the same bits (checked by verify()).
+TEST(VerifierCompressed, EveryCompressedProgramOneTo32RanksAndHostShapes) {
+  int proved = 0;
+  for (const AlgorithmInfo& algo : compressed_algorithm_table()) {
+    for (int n = 1; n <= 32; ++n) {
+      for (int nch : {1, 2}) {
+        // Flat: one host. Hierarchical shapes: hosts of 2 and 4 ranks (the last host may be short), and 3+5.
+        std::vector<std::vector<int>> shapes = {{}};
+        for (int per : {2, 4})
+          if (n > per) {
+            std::vector<int> h;
+            for (int r = 0; r < n; ++r) h.push_back(r / per);
+            shapes.push_back(h);
+          }
+        if (n == 8) shapes.push_back({0, 0, 0, 1, 1, 1, 1, 1});
+        for (const std::vector<int>& hosts : shapes) {
+          Program prog = algo.generate({n, 0, nch, hosts});
+          for (bool in_place : {false, true}) {
+            VerifyResult res = verify(prog, {in_place, 2});
+            ASSERT_TRUE(res.ok) << algo.name << " " << coll_name(algo.coll) << " nranks=" << n << " nch=" << nch
+                                << " hosts=" << hosts.size() << " in_place=" << in_place << ": " << res.error;
+            const std::string name = algo.name;
+            if (n > 1 && name == "qonce") {
+              const int want = algo.coll == Coll::AllReduce ? 2 : 1;
+              EXPECT_EQ(res.min_quantizations, want) << coll_name(algo.coll) << " n=" << n;
+              EXPECT_EQ(res.max_quantizations, want) << coll_name(algo.coll) << " n=" << n;
+            }
+            if (n > 2 && name == "ring" && algo.coll == Coll::AllReduce) {
+              // The first contribution to a chunk is re-quantized at every hop of the reduce-scatter.
+              EXPECT_EQ(res.max_quantizations, n) << "n=" << n;
+            }
+            ++proved;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(proved, 500);
+}
+
+TEST(VerifierCompressed, ReportsTheQuantizationsOfEachSchedule) {
+  const std::vector<int> hosts = {0, 0, 1, 1, 2, 2, 3, 3};
+  for (const AlgorithmInfo& algo : compressed_algorithm_table()) {
+    VerifyResult res = verify(algo.generate({8, 0, 1, hosts}));
+    ASSERT_TRUE(res.ok) << res.error;
+    std::printf("%-6s %-14s 8 ranks on 4 hosts: each contribution quantized %d to %d times\n", algo.name,
+                coll_name(algo.coll), res.min_quantizations, res.max_quantizations);
+  }
+}
+
+TEST(VerifierCompressed, CatchesRanksThatEndWithDifferentBits) {
+  // Quantize-once without the owner keeping D(its codes): the owner's chunk would keep the unquantized sum.
+  Program prog = qonce_allreduce({4, 0, 1});
+  for (Step& s : prog.ranks[1].lanes[0].steps)
+    if (s.op == OpCode::Copy && s.dst.buf == BufKind::Output) s.code = 0;
+  VerifyResult res = verify(prog);
+  EXPECT_FALSE(res.ok);
+  EXPECT_NE(res.error.find("same bits"), std::string::npos) << res.error;
+}
+
+TEST(VerifierCompressed, CatchesCodedMessagesReceivedAsPlain) {
+  Program prog = qonce_allgather({3, 0, 1});
+  for (Step& s : prog.ranks[2].lanes[0].steps)
+    if (s.op == OpCode::Recv) s.code = 0;
+  VerifyResult res = verify(prog);
+  EXPECT_FALSE(res.ok);
+  EXPECT_NE(res.error.find("coded message"), std::string::npos) << res.error;
+}
+
+TEST(VerifierCompressed, CatchesErrorFeedbackAfterTheSends) {
+  // The owner folds its residual into the sum after sending it: receivers decode other codes than it keeps.
+  Program prog = qonce_allreduce({3, 0, 1});
+  auto& steps = prog.ranks[0].lanes[0].steps;
+  auto copy_it = std::find_if(steps.begin(), steps.end(),
+                              [](const Step& s) { return s.op == OpCode::Copy && s.dst.buf == BufKind::Output; });
+  ASSERT_NE(copy_it, steps.end());
+  Step c = *copy_it;
+  steps.erase(copy_it);
+  auto last_send = std::find_if(steps.rbegin(), steps.rend(), [](const Step& s) { return s.op == OpCode::Send; });
+  steps.insert(last_send.base(), c);
+  VerifyResult res = verify(prog);
+  EXPECT_FALSE(res.ok);
+  EXPECT_NE(res.error.find("same bits"), std::string::npos) << res.error;
+}
+
+}  // namespace
+}  // namespace chorus::algo
