@@ -117,7 +117,7 @@ struct RankProgram {
 // One algorithm's program for every rank of a communicator.
 struct Program {
   Coll coll = Coll::AllReduce;
-  std::string algorithm;  // e.g. "ring"
+  std::string algorithm;    // e.g. "ring"
   bool compressed = false;  // some steps carry StepCode bits: the call must come with a codec
   int nranks = 0;
   int root = 0;

@@ -252,8 +252,8 @@ class Run {
       inq->pop_front();
       if (msg->coded != ((s.code & kCodedIn) != 0)) {
         error_ = where(r, lane, step) + cat_str(": rank ", s.recv_peer, " sent a ", msg->coded ? "coded" : "plain",
-                                                " message where this step expects a ",
-                                                msg->coded ? "plain" : "coded", " one");
+                                                " message where this step expects a ", msg->coded ? "plain" : "coded",
+                                                " one");
         return true;
       }
     }
@@ -469,8 +469,10 @@ class Run {
     for (int c = 0; c < prog_.ranks[0].output.nchunks() && error_.empty(); ++c)
       for (int r = 1; r < n; ++r)
         if (cells_[map_[r].out[c]].version != cells_[map_[0].out[c]].version) {
-          error_ = cat_str("output chunk ", c, " of rank ", r, " may differ in its bits from rank 0's: ranks would not end with the same bits (computed or ",
-                           "decoded from different codes)");
+          error_ =
+              cat_str("output chunk ", c, " of rank ", r,
+                      " may differ in its bits from rank 0's: ranks would not end with the same bits (computed or ",
+                      "decoded from different codes)");
           return;
         }
   }
@@ -479,7 +481,6 @@ class Run {
   int quant_min_ = 1 << 30, quant_max_ = 0;
 
  private:
-
   const Program& prog_;
   VerifyOptions opt_;
   std::vector<Value> cells_;

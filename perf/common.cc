@@ -677,7 +677,7 @@ struct Measured {
   double time_us = 0;
   double algbw = 0;
   double busbw = 0;
-  int64_t wrong = -1;  // -1: not checked
+  int64_t wrong = -1;     // -1: not checked
   double rel_error = -1;  // compressed calls: relative L2 error against the fp64 reference; -1: not measured
 };
 
@@ -794,7 +794,7 @@ struct SweepState {
   Backend& b;
   std::byte* send = nullptr;
   std::byte* recv = nullptr;
-  chorusCollOptions_t options = CHORUS_COLL_OPTIONS_INIT;  // the algorithm (-A) of every call
+  chorusCollOptions_t options = CHORUS_COLL_OPTIONS_INIT;                      // the algorithm (-A) of every call
   chorusCompression_t compression = CHORUS_COMPRESSION_INIT(chorusCodecInt8);  // -Z
 };
 

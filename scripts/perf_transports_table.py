@@ -2,20 +2,9 @@
 """Merges perf-tool JSON files NAME.json (one per transport, same run) into one markdown table: out-of-place time
 and busbw per size for each transport, side by side, with each column's busbw relative to the first."""
 import argparse
-import json
 import os
 
-
-def load(path):
-    with open(path) as f:
-        return {r["size"]: r for r in json.load(f) if not r["inplace"]}
-
-
-def fmt_size(b):
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= div and b % div == 0:
-            return f"{b // div} {unit}"
-    return f"{b} B"
+from perf_table import fmt_size, load  # the same JSON records and size labels as the Open MPI comparison
 
 
 def main():

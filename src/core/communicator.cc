@@ -606,7 +606,8 @@ const algo::AlgorithmInfo& CommImpl::compressed_algorithm(const CollArgs& a) con
 
 void CommImpl::validate_compression(const CollArgs& a) const {
   if (a.coll != Coll::AllReduce && a.coll != Coll::ReduceScatter && a.coll != Coll::AllGather)
-    bad_arg(cat("options->compression is for all-reduce, reduce-scatter and all-gather, not ", algo::coll_name(a.coll)));
+    bad_arg(
+        cat("options->compression is for all-reduce, reduce-scatter and all-gather, not ", algo::coll_name(a.coll)));
   try {
     if (a.coll == Coll::AllGather) {
       kernels::codec::validate(a.codec, a.dtype, chorusSum);
@@ -628,15 +629,18 @@ void CommImpl::validate_compression(const CollArgs& a) const {
   const std::string name = info.name;
   const bool vote = a.codec.kind == kernels::codec::CodecKind::SignVote;
   if (vote && (a.coll != Coll::AllReduce || name != "qonce"))
-    bad_arg(cat("options->compression->codec=sign_vote is a majority vote: all-reduce with the qonce schedule only, "
-                "not ", algo::coll_name(a.coll), " with '", name, "' (partial sums of signs are not votes)"));
+    bad_arg(
+        cat("options->compression->codec=sign_vote is a majority vote: all-reduce with the qonce schedule only, "
+            "not ",
+            algo::coll_name(a.coll), " with '", name, "' (partial sums of signs are not votes)"));
   if (vote && a.error_feedback != nullptr)
     bad_arg("options->compression->error_feedback: sign_vote has no error feedback (a vote carries no magnitude)");
   if (name == "hier") {
     const std::vector<int>& hosts = selector_->host_of_rank();
     if (std::all_of(hosts.begin(), hosts.end(), [&](int h) { return h == hosts.front(); }))
-      bad_arg("options->algorithm='hier' compresses only between hosts, and every rank is on one host: nothing would "
-              "be compressed (use 'qonce')");
+      bad_arg(
+          "options->algorithm='hier' compresses only between hosts, and every rank is on one host: nothing would "
+          "be compressed (use 'qonce')");
   }
   try {
     algo::get_program(info, {nranks_, 0, nchannels_, selector_->host_of_rank()});
@@ -655,8 +659,8 @@ void CommImpl::validate_compression(const CollArgs& a) const {
     bad_arg("options->compression->error_feedback is for reductions (all-reduce, reduce-scatter), not all-gather");
   const size_t need = error_feedback_elems(a);
   if (a.error_feedback_elems < need)
-    bad_arg(cat("options->compression->error_feedback_elems=", a.error_feedback_elems, " is too small: ",
-                algo::coll_name(a.coll), " of count ", a.count, " needs ", need));
+    bad_arg(cat("options->compression->error_feedback_elems=", a.error_feedback_elems,
+                " is too small: ", algo::coll_name(a.coll), " of count ", a.count, " needs ", need));
   // The residual is read and written while the buffers are: it must not share bytes with them.
   const auto* ef = reinterpret_cast<const std::byte*>(a.error_feedback);
   const size_t ef_bytes = need * sizeof(float);

@@ -78,7 +78,8 @@ std::string describe_header(const WireHeader& h) {
   }
   if (coll != algo::Coll::SendRecv) {
     const algo::AlgorithmInfo* info = algo::algorithm_by_id(h.algo);
-    s += cat(", algorithm=", info ? info->name : "?", info && info->id >= algo::kCompressedIdBase ? " (compressed)" : "");
+    s += cat(", algorithm=", info ? info->name : "?",
+             info && info->id >= algo::kCompressedIdBase ? " (compressed)" : "");
   }
   return s + cat(", seq=", h.seq & ~(uint64_t{1} << 63), ")");
 }

@@ -81,9 +81,10 @@ TEST(Compression, Int8QuantizeOnceAccuracyAndSameBitsOnEveryRank) {
       Result q256 = compressed_allreduce(w, count, heavy, chorusCodecInt8, 256, "qonce");
       Result q32 = compressed_allreduce(w, count, heavy, chorusCodecInt8, 32, "qonce");
       Result ring = compressed_allreduce(w, count, heavy, chorusCodecInt8, 256, "ring");
-      std::printf("n=%-2d %-6s int8 rel L2 error: qonce block 256 %.2e, qonce block 32 %.2e, "
-                  "re-quantizing ring block 256 %.2e\n",
-                  n, heavy ? "heavy" : "normal", q256.error, q32.error, ring.error);
+      std::printf(
+          "n=%-2d %-6s int8 rel L2 error: qonce block 256 %.2e, qonce block 32 %.2e, "
+          "re-quantizing ring block 256 %.2e\n",
+          n, heavy ? "heavy" : "normal", q256.error, q32.error, ring.error);
       // The targets (1.2e-2 and 9e-3) hold on normal data. On Student-t(4) data (infinite kurtosis) one
       // outlier sets its whole block's scale: block 256 measures 1.5-1.7e-2 and block 32 about 1e-2 (two
       // quantizations at about the int8 absmax limit each; docs/compression.md), bounded here at what it is.
@@ -229,9 +230,10 @@ TEST(Compression, ErrorFeedbackKeepsTheRunningSumClose) {
   const double int4 = running_sum_error(w, chorusCodecInt4, false);
   const double sign_ef = running_sum_error(w, chorusCodecSign1, true);
   const double sign = running_sum_error(w, chorusCodecSign1, false);
-  std::printf("running sum after 100 steps, relative L2 error: int4 %.2e with feedback, %.2e without; "
-              "1-bit %.2e with feedback, %.2e without\n",
-              int4_ef, int4, sign_ef, sign);
+  std::printf(
+      "running sum after 100 steps, relative L2 error: int4 %.2e with feedback, %.2e without; "
+      "1-bit %.2e with feedback, %.2e without\n",
+      int4_ef, int4, sign_ef, sign);
   EXPECT_LE(int4_ef, 3e-3);
   // The target for 1-bit is 3e-2; the one-level codec test meets it (codec_test.cc), but an all-reduce
   // has two residuals (each worker's, the owner's) holding back part of the sum: 3.9e-2 measured here.
@@ -346,8 +348,7 @@ TEST(Compression, RanksWithDifferentCodecsGetAnErrorNamingBoth) {
     chorusCompression_t z = CHORUS_COMPRESSION_INIT(r == 0 ? chorusCodecInt8 : chorusCodecInt4);
     chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
     o.compression = &z;
-    EXPECT_NE(chorusAllReduceEx(x.data(), y.data(), x.size(), chorusFloat32, chorusSum, &o, c, nullptr),
-              chorusSuccess);
+    EXPECT_NE(chorusAllReduceEx(x.data(), y.data(), x.size(), chorusFloat32, chorusSum, &o, c, nullptr), chorusSuccess);
     errors[r] = chorusGetLastError(c);
   });
   // At least one side sees the other's call (the other may fail first, on the aborted connection).
