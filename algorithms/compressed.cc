@@ -83,16 +83,20 @@ void copy_only(Program& prog, int nch) {
         Lane{ch, {coded(copy(in(ch), out(ch), prog.coll != Coll::AllGather), kCodedOut | kErrorFeedback)}});
 }
 
+// An empty quantize-once reduction program; for a single rank already complete (copy_only).
+Program new_compressed(Coll coll, const ProgramParams& p) {
+  Program prog = new_program(coll, "qonce", p);
+  prog.compressed = true;
+  if (p.nranks == 1) copy_only(prog, p.nchannels);
+  return prog;
+}
+
 }  // namespace
 
 Program qonce_allreduce(const ProgramParams& p) {
-  Program prog = new_program(Coll::AllReduce, "qonce", p);
-  prog.compressed = true;
+  Program prog = new_compressed(Coll::AllReduce, p);
   const int n = p.nranks, nch = p.nchannels;
-  if (n == 1) {
-    copy_only(prog, nch);
-    return prog;
-  }
+  if (n == 1) return prog;
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
     rp.input = {1, n * nch};
@@ -122,13 +126,9 @@ Program qonce_allreduce(const ProgramParams& p) {
 }
 
 Program qonce_reduce_scatter(const ProgramParams& p) {
-  Program prog = new_program(Coll::ReduceScatter, "qonce", p);
-  prog.compressed = true;
+  Program prog = new_compressed(Coll::ReduceScatter, p);
   const int n = p.nranks, nch = p.nchannels;
-  if (n == 1) {
-    copy_only(prog, nch);
-    return prog;
-  }
+  if (n == 1) return prog;
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
     rp.input = {n, nch};
