@@ -77,7 +77,8 @@ constexpr AlgorithmInfo kAlgorithms[] = {
 constexpr AlgorithmInfo kCompressed[] = {
     {kCompressedIdBase + 0, Coll::AllReduce, "qonce",
      "quantize once: direct reduce-scatter of codes, fp32 accumulation at the owner, one re-quantization, "
-     "all-gather of the owner's exact codes (ZeRO++, Wang et al. 2023; THC, Li et al. 2024)",
+     "all-gather of the owner's exact codes (ZeRO++, Wang et al. 2023; THC, Li et al. 2024); on several hosts "
+     "exact inside each host, quantize-once across hosts",
      qonce_allreduce},
     {kCompressedIdBase + 1, Coll::ReduceScatter, "qonce",
      "direct exchange of codes, fp32 accumulation at the owner: each contribution quantized once",
@@ -95,6 +96,9 @@ constexpr AlgorithmInfo kCompressed[] = {
      "hierarchical all-reduce with only the messages between hosts coded", coded_hier_allreduce},
     {kCompressedIdBase + 7, Coll::ReduceScatter, "hier",
      "hierarchical reduce-scatter with only the messages between hosts coded", coded_hier_reduce_scatter},
+    {kCompressedIdBase + 8, Coll::AllReduce, "qonce-flat",
+     "quantize once in one level on any topology: every rank's codes cross the network (error feedback, vote)",
+     qonce_flat_allreduce},
 };
 
 constexpr bool compressed_ids_follow_base() {
@@ -156,8 +160,9 @@ const AlgorithmInfo& default_compressed_algorithm(Coll coll, const std::vector<i
   std::map<int, int> per_host;
   for (int h : host_of_rank) shared_host |= ++per_host[h] > 1;
   several_hosts = per_host.size() > 1;
+  // qonce all-reduce is itself two-level on several hosts; reduce-scatter's qonce is one level.
   const AlgorithmInfo* hier = find_compressed_algorithm(coll, "hier");
-  if (several_hosts && shared_host && hier) return *hier;
+  if (coll != Coll::AllReduce && several_hosts && shared_host && hier) return *hier;
   const AlgorithmInfo* qonce = find_compressed_algorithm(coll, "qonce");
   if (qonce) return *qonce;
   throw Error(chorusNotSupported, Subsys::Algorithms, cat("no compressed algorithm for ", coll_name(coll)));

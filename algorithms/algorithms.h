@@ -40,7 +40,7 @@ const AlgorithmInfo& default_algorithm(Coll coll);
 constexpr int kCompressedIdBase = 64;
 std::span<const AlgorithmInfo> compressed_algorithm_table();
 const AlgorithmInfo* find_compressed_algorithm(Coll coll, const std::string& name);
-// qonce for one host; hier when the ranks span several hosts with more than one rank on some host.
+// qonce, except reduce-scatter on several hosts with more than one rank on some host: hier.
 const AlgorithmInfo& default_compressed_algorithm(Coll coll, const std::vector<int>& host_of_rank);
 // Names of the compressed algorithms for `coll`, comma-separated (for error messages).
 std::string compressed_algorithm_names(Coll coll);
@@ -76,10 +76,13 @@ Program bruck_alltoall(const ProgramParams& p);
 Program pat_allgather(const ProgramParams& p);
 Program pat_reduce_scatter(const ProgramParams& p);
 Program hier_allreduce(const ProgramParams& p);
+// hier_allreduce with a direct exchange (not a ring) among the owners of each part across hosts.
+Program hier_allreduce_direct(const ProgramParams& p);
 Program hier_allgather(const ProgramParams& p);
 Program hier_reduce_scatter(const ProgramParams& p);
 Program hier_alltoall(const ProgramParams& p);
-Program qonce_allreduce(const ProgramParams& p);
+Program qonce_allreduce(const ProgramParams& p);       // two-level when the ranks span several hosts
+Program qonce_flat_allreduce(const ProgramParams& p);  // one level on any topology
 Program qonce_reduce_scatter(const ProgramParams& p);
 Program qonce_allgather(const ProgramParams& p);
 Program coded_ring_allreduce(const ProgramParams& p);

@@ -5,6 +5,10 @@
 //    the owner keeps D(its own codes), so every rank ends with the same bits. Each contribution is quantized at
 //    most twice (ZeRO++, Wang et al. 2023, quantized gradient communication; THC, Li et al. 2024, homomorphic
 //    compression with one re-quantization).
+//    On several hosts the all-reduce is two-level: an exact (fp32) reduce-scatter inside each host, the direct
+//    exchange above among one owner per host, an all-gather inside each host; each host's partial is quantized
+//    once going out and the result once coming back. qonce-flat is the one-level form on any topology (error
+//    feedback and the majority vote use it: their residuals and votes are per rank).
 //  - ring: the ring programs with every message coded, so partial sums are re-quantized at every hop (up to N-1
 //    times): the baseline the literature compares against.
 //  - hier: the hierarchical programs with only the messages between hosts coded (the slow hop).
@@ -52,6 +56,10 @@ Program code_messages(Program prog, const char* name, Pred coded_pair) {
         for (size_t i = 0; i < lane.steps.size(); ++i) {
           const Step& s = lane.steps[i];
           if (s.op != OpCode::Send || !(s.code & kCodedOut) || s.src.buf == BufKind::Input) continue;
+          // A partial sum sent to be reduced elsewhere is overwritten later by the result: nothing to keep.
+          const bool overwritten = std::any_of(lane.steps.begin() + static_cast<long>(i) + 1, lane.steps.end(),
+                                               [&](const Step& t) { return op_receives(t.op) && t.dst == s.src; });
+          if (overwritten) continue;
           auto it = std::find_if(last.begin(), last.end(), [&](const auto& e) { return e.second == s.src; });
           if (it == last.end()) {
             last.push_back({i, s.src});
@@ -93,7 +101,7 @@ Program new_compressed(Coll coll, const ProgramParams& p) {
 
 }  // namespace
 
-Program qonce_allreduce(const ProgramParams& p) {
+Program qonce_flat_allreduce(const ProgramParams& p) {
   Program prog = new_compressed(Coll::AllReduce, p);
   const int n = p.nranks, nch = p.nchannels;
   if (n == 1) return prog;
@@ -122,6 +130,17 @@ Program qonce_allreduce(const ProgramParams& p) {
       rp.lanes.push_back(std::move(lane));
     }
   }
+  return prog;
+}
+
+Program qonce_allreduce(const ProgramParams& p) {
+  const std::vector<int>& h = p.host_of_rank;
+  if (p.nranks == 1 || h.empty() || std::all_of(h.begin(), h.end(), [&](int x) { return x == h.front(); }))
+    return qonce_flat_allreduce(p);
+  // Several hosts: reduce exactly inside each host first (fp32 over shared memory), so that one coded partial per
+  // host and part crosses the network instead of one per rank; among hosts the direct exchange quantizes each
+  // host's partial once and the owner's result once.
+  Program prog = code_messages(hier_allreduce_direct(p), "qonce", [&h](int a, int b) { return h[a] != h[b]; });
   return prog;
 }
 

@@ -74,7 +74,12 @@ std::vector<int> one_lane_per_channel(int nch) {
 
 }  // namespace
 
-Program hier_allreduce(const ProgramParams& prm) {
+namespace {
+
+// `direct`: the exchange among the owners of a part is a direct reduce-scatter and all-gather (every owner sends
+// sub-part s straight to its owner, which sends the result straight back) instead of a ring: one hop per message,
+// so a coded sub-part is quantized once on its way in and once on its way out, whatever the number of hosts.
+Program hier_allreduce_impl(const ProgramParams& prm, bool direct) {
   Program prog = new_program(Coll::AllReduce, "hier", prm);
   const Hosts hs = hosts_of(prm);
   const int H = hs.H(), P = hs.P, nch = prm.nchannels;
@@ -101,6 +106,18 @@ Program hier_allreduce(const ProgramParams& prm) {
       for (int h = 0; h < H; ++h) owners.push_back(hs.owner(h, p));
       for (int s = 0; s < H; ++s) {
         const int c = chunk(p, s);
+        if (direct) {
+          // Round t: the owner on host (s - t) sends its partial of sub-part s to the owner on host s, which adds
+          // it; then the result goes back in the same order.
+          for (int t = 1; t < H; ++t)
+            b.chain_reduce(
+                ch, Key{1, p, 0, t, 0}, {owners[(s - t + H) % H], owners[s]}, [&](int) { return out(c); }, out(c),
+                t == H - 1);
+          for (int t = 1; t < H; ++t)
+            b.chain_bcast(ch, Key{1, p, 1, t, 0}, {owners[s], owners[(s + t) % H]}, out(c),
+                          [&](int) { return out(c); });
+          continue;
+        }
         std::vector<int> rs_path, ag_path;
         for (int i = 0; i < H; ++i) {
           rs_path.push_back(owners[(s + 1 + i) % H]);
@@ -115,6 +132,11 @@ Program hier_allreduce(const ProgramParams& prm) {
   b.finish();
   return prog;
 }
+
+}  // namespace
+
+Program hier_allreduce(const ProgramParams& prm) { return hier_allreduce_impl(prm, false); }
+Program hier_allreduce_direct(const ProgramParams& prm) { return hier_allreduce_impl(prm, true); }
 
 Program hier_allgather(const ProgramParams& prm) {
   Program prog = new_program(Coll::AllGather, "hier", prm);

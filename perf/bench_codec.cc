@@ -31,7 +31,7 @@ std::vector<float> make_data(size_t n, unsigned seed) {
 
 enum class Op { Encode, EncodeEF, EncodeSR, Decode, DecodeAcc };
 
-void BM_Codec(benchmark::State& state, CodecKind kind, uint32_t block, Op op) {
+void BM_Codec(benchmark::State& state, CodecKind kind, uint32_t block, Op op, bool rotation = false) {
   const auto bytes = static_cast<size_t>(state.range(0));
   const size_t n = bytes / sizeof(float);
   Codec c;
@@ -39,6 +39,7 @@ void BM_Codec(benchmark::State& state, CodecKind kind, uint32_t block, Op op) {
   c.block = block;
   c.stochastic_rounding = op == Op::EncodeSR;
   c.seed = 42;
+  c.rotation = rotation;
   const std::vector<float> x = make_data(n, 1);
   std::vector<float> residual(op == Op::EncodeEF ? n : 0, 0.0f);
   std::vector<float> out(n, 0.0f);
@@ -108,6 +109,14 @@ CODEC_BENCH(int8_b256_encode_ef, CodecKind::Int8, 256, Op::EncodeEF);
 CODEC_BENCH(int8_b256_encode_sr, CodecKind::Int8, 256, Op::EncodeSR);
 CODEC_BENCH(int8_b256_decode, CodecKind::Int8, 256, Op::Decode);
 CODEC_BENCH(int8_b256_decode_acc, CodecKind::Int8, 256, Op::DecodeAcc);
+// With the randomized Hadamard rotation (Codec::rotation).
+#define CODEC_BENCH_RHT(name, kind, block, op) \
+  BENCHMARK_CAPTURE(BM_Codec, name, kind, block, op, true)->Arg(kSmall)->Arg(kMid)->Arg(kLarge)->UseRealTime()
+CODEC_BENCH_RHT(int8_b256_rht_encode, CodecKind::Int8, 256, Op::Encode);
+CODEC_BENCH_RHT(int8_b256_rht_encode_ef, CodecKind::Int8, 256, Op::EncodeEF);
+CODEC_BENCH_RHT(int8_b256_rht_decode_acc, CodecKind::Int8, 256, Op::DecodeAcc);
+CODEC_BENCH_RHT(int4_rht_encode, CodecKind::Int4, 0, Op::Encode);
+CODEC_BENCH_RHT(int4_rht_decode_acc, CodecKind::Int4, 0, Op::DecodeAcc);
 CODEC_BENCH(int8_b32_encode, CodecKind::Int8, 32, Op::Encode);
 CODEC_BENCH(int8_b32_decode_acc, CodecKind::Int8, 32, Op::DecodeAcc);
 CODEC_BENCH(fp8_e4m3_encode, CodecKind::Fp8E4M3, 0, Op::Encode);

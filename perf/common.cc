@@ -139,8 +139,9 @@ const FlagSpec kFlags[] = {
     {'A', "algorithm", true, "algorithm for every call, by name as chorus-info lists them (default: the selector)"},
     {'Z', "compression", true,
      "codec for every call: int8[:block], fp8_e4m3, int4, sign1[:block], sign_vote (all_reduce, reduce_scatter, "
-     "all_gather; float). busbw is then effective (uncompressed bytes over time) and #wrong shows the relative L2 "
-     "error against an fp64 reference"},
+     "all_gather; float), with ':rht' at the end for the randomized Hadamard rotation (int8, fp8_e4m3, int4). "
+     "busbw is then effective (uncompressed bytes over time) and #wrong shows the relative L2 error against an "
+     "fp64 reference"},
     {'h', "help", false, "print this help"},
 };
 
@@ -315,7 +316,9 @@ int parse_options(int argc, char** argv, const ToolInfo& tool, Options* out, boo
           o.algorithm = optarg;
           break;
         case 'Z': {
-          const std::string v = optarg;
+          std::string v = optarg;
+          o.compression_rotation = v.size() > 4 && v.compare(v.size() - 4, 4, ":rht") == 0;
+          if (o.compression_rotation) v.resize(v.size() - 4);
           const std::string name = v.substr(0, v.find(':'));
           static const char* const kNames[] = {"int8", "fp8_e4m3", "int4", "sign1", "sign_vote"};
           o.compression = 0;
@@ -907,8 +910,8 @@ void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std:
   std::printf("# %s: %s\n", tool.name.c_str(), b.describe().c_str());
   std::printf("# algorithm: %s\n", o.algorithm.empty() ? "chosen by the selector" : o.algorithm.c_str());
   if (o.compression != 0)
-    std::printf("# compression: codec %d block %u (busbw: effective; #wrong: relative L2 error vs fp64)\n",
-                o.compression, o.compression_block);
+    std::printf("# compression: codec %d block %u%s (busbw: effective; #wrong: relative L2 error vs fp64)\n",
+                o.compression, o.compression_block, o.compression_rotation ? " rotation" : "");
   std::printf("# minBytes %zu maxBytes %zu step: ", o.min_bytes, o.max_bytes);
   if (o.step_factor > 1)
     std::printf("%d(factor)", o.step_factor);
@@ -985,6 +988,7 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
     if (opts.compression != 0) {
       s.compression.codec = static_cast<chorusCodec_t>(opts.compression);
       s.compression.block = opts.compression_block;
+      s.compression.rotation = opts.compression_rotation ? 1 : 0;
       s.options.compression = &s.compression;
     }
 

@@ -57,6 +57,7 @@ struct Options {
   // check reports the relative L2 error against an fp64 reference instead of counting exact mismatches.
   int compression = 0;  // chorusCodec_t
   uint32_t compression_block = 0;
+  bool compression_rotation = false;  // -Z ...:rht
 };
 
 // What one tool accepts: the flags it understands (short letters), and the dtypes and ops "all" expands to.

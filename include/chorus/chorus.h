@@ -167,9 +167,11 @@ chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count
  * explicit and bounded (docs/compression.md lists it per codec and schedule); every rank of a compressed
  * all-reduce or all-gather ends with the same bits. Schedules (chorusCollOptions_t::algorithm): "qonce"
  * (quantize once: direct reduce-scatter of codes, fp32 accumulation at the owner, one re-quantization of the
- * result; ZeRO++, Wang et al. 2023), "ring" (codes re-quantized at every hop, for comparison), "hier" (only the
- * messages between hosts coded; needs several hosts). Default: "qonce" with error feedback or sign_vote, else
- * "hier" when the ranks span several hosts with more than one rank on a host, else "qonce". */
+ * result; ZeRO++, Wang et al. 2023; an all-reduce over several hosts first reduces exactly inside each host, so
+ * one coded partial per host crosses the network), "qonce-flat" (all-reduce: the one-level form on any topology;
+ * what error feedback and sign_vote run), "ring" (codes re-quantized at every hop, for comparison), "hier" (the
+ * hierarchical ring with only the messages between hosts coded; needs several hosts). Default: "qonce" ("hier"
+ * for a reduce-scatter over several hosts with more than one rank on a host). */
 typedef enum {
   chorusCodecInt8 = 1,    /* int8, one fp32 scale per block (block 32..1024 elements, multiple of 32; default 256) */
   chorusCodecFp8E4M3 = 2, /* OCP MX fp8 e4m3, one power-of-two (E8M0) scale per 32 elements; never saturates */
@@ -191,9 +193,15 @@ typedef struct {
    * nranks * recvcount. NULL: no feedback. Not for all-gather. Every rank passes its own. */
   float* error_feedback;
   size_t error_feedback_elems;
+  /* 1: randomized Hadamard rotation of each record before quantizing (int8 with a power-of-two block, fp8_e4m3,
+   * int4; signs drawn from `seed`, equal on every rank): an outlier is spread over its record instead of setting
+   * its block's scale, so heavy-tailed data (gradients with outliers) quantizes about as well as normal data
+   * (Suresh et al. 2017, "Distributed mean estimation with limited communication"). Costs O(log block) flops per
+   * element on both sides. 0: none. */
+  int rotation;
 } chorusCompression_t;
 #define CHORUS_COMPRESSION_INIT(codec_) \
-  { sizeof(chorusCompression_t), (codec_), 0, 0, 0, 0, NULL, 0 }
+  { sizeof(chorusCompression_t), (codec_), 0, 0, 0, 0, NULL, 0, 0 }
 
 /* Per-call options for the *Ex forms. Start from CHORUS_COLL_OPTIONS_INIT, so that fields added in later versions
  * keep their defaults. `size` must be sizeof(chorusCollOptions_t) of the caller's header (at least the fields

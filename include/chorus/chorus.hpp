@@ -87,8 +87,8 @@ enum class Op : int { Sum = chorusSum, Prod = chorusProd, Max = chorusMax, Min =
 // collective ("ring", "tree", "rhd", "bruck", "pat", "hier", ...), or nullptr for the selector's choice; every rank
 // must pass the same. An unknown name throws CommError (chorusInvalidArgument) listing the known ones.
 // `compression`: compressed all_reduce / reduce_scatter / all_gather of float (chorus.h, chorusCompression_t;
-// start from Compression(codec)); `algorithm` then names a compressed schedule ("qonce", "ring", "hier") or is
-// nullptr for the default. The compression struct, and its error-feedback residual, stay the caller's.
+// start from Compression(codec)); `algorithm` then names a compressed schedule ("qonce", "qonce-flat", "ring", "hier")
+// or is nullptr for the default. The compression struct, and its error-feedback residual, stay the caller's.
 struct CallOptions {
   const char* algorithm = nullptr;
   const chorusCompression_t* compression = nullptr;

@@ -313,6 +313,10 @@ chorusResult_t collective_ex(chorusComm* comm, CollArgs a, const chorusCollOptio
       } else if (z.stochastic_rounding != 0 && z.stochastic_rounding != 1) {
         bad = chorusInvalidArgument;
         why = cat("options->compression->stochastic_rounding=", z.stochastic_rounding, " must be 0 or 1");
+      } else if (z.size >= offsetof(chorusCompression_t, rotation) + sizeof(z.rotation) && z.rotation != 0 &&
+                 z.rotation != 1) {
+        bad = chorusInvalidArgument;
+        why = cat("options->compression->rotation=", z.rotation, " must be 0 or 1");
       } else if (z.error_feedback == nullptr && z.error_feedback_elems != 0) {
         bad = chorusInvalidArgument;
         why = cat("options->compression->error_feedback is NULL with error_feedback_elems=", z.error_feedback_elems);
@@ -326,6 +330,7 @@ chorusResult_t collective_ex(chorusComm* comm, CollArgs a, const chorusCollOptio
       a.codec.block = z.block;
       a.codec.stochastic_rounding = z.stochastic_rounding != 0;
       a.codec.seed = z.seed;
+      a.codec.rotation = z.size >= offsetof(chorusCompression_t, rotation) + sizeof(z.rotation) && z.rotation != 0;
       a.codec_step = z.step;
       a.error_feedback = z.error_feedback;
       a.error_feedback_elems = z.error_feedback_elems;

@@ -578,10 +578,11 @@ class CpuWireCodec final : public WireCodec {
   uint64_t step_;
 };
 
-// Bits 0-3: codec kind + 1; bit 4: stochastic rounding; bits 5-30: a hash of the block, seed and step.
+// Bits 0-3: codec kind + 1; bit 4: stochastic rounding; bits 5-30: a hash of the block, rotation, seed and step.
 int32_t codec_fingerprint(const kernels::codec::Codec& c, uint64_t step) {
   uint64_t h = 0x9e3779b97f4a7c15ull;
-  for (uint64_t v : {static_cast<uint64_t>(kernels::codec::block_elems(c)), c.stochastic_rounding ? c.seed : 0,
+  const bool seeded = c.stochastic_rounding || c.rotation;
+  for (uint64_t v : {static_cast<uint64_t>(kernels::codec::block_elems(c)), uint64_t{c.rotation}, seeded ? c.seed : 0,
                      c.stochastic_rounding ? step : 0}) {
     h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h *= 0xbf58476d1ce4e5b9ull;
@@ -593,9 +594,11 @@ int32_t codec_fingerprint(const kernels::codec::Codec& c, uint64_t step) {
 }  // namespace
 
 const algo::AlgorithmInfo& CommImpl::compressed_algorithm(const CollArgs& a) const {
-  // Error feedback and the majority vote live in the quantize-once schedule.
-  if (a.algorithm.empty() && (a.error_feedback || a.codec.kind == kernels::codec::CodecKind::SignVote))
-    return *algo::find_compressed_algorithm(a.coll, "qonce");
+  // Error feedback and the majority vote live in the one-level quantize-once schedule (a residual and a vote per
+  // rank): an all-reduce that asks for them (or for qonce) with them runs qonce-flat.
+  const bool per_rank = a.error_feedback || a.codec.kind == kernels::codec::CodecKind::SignVote;
+  if (per_rank && (a.algorithm.empty() || a.algorithm == "qonce"))
+    return *algo::find_compressed_algorithm(a.coll, a.coll == Coll::AllReduce ? "qonce-flat" : "qonce");
   if (a.algorithm.empty()) return algo::default_compressed_algorithm(a.coll, selector_->host_of_rank());
   const algo::AlgorithmInfo* info = algo::find_compressed_algorithm(a.coll, a.algorithm);
   if (info == nullptr)
@@ -628,7 +631,7 @@ void CommImpl::validate_compression(const CollArgs& a) const {
   const algo::AlgorithmInfo& info = compressed_algorithm(a);
   const std::string name = info.name;
   const bool vote = a.codec.kind == kernels::codec::CodecKind::SignVote;
-  if (vote && (a.coll != Coll::AllReduce || name != "qonce"))
+  if (vote && (a.coll != Coll::AllReduce || name != "qonce-flat"))
     bad_arg(
         cat("options->compression->codec=sign_vote is a majority vote: all-reduce with the qonce schedule only, "
             "not ",
@@ -653,7 +656,7 @@ void CommImpl::validate_compression(const CollArgs& a) const {
     bad_arg(cat("options->compression: one record of the codec (", rec, " elements, ", rec * sizeof(float),
                 " bytes of float32) does not fit CHORUS_SLICE_BYTES=", slice_bytes_, ": use a smaller block"));
   if (a.error_feedback == nullptr) return;
-  if (std::string(info.name) != "qonce")
+  if (name != "qonce" && name != "qonce-flat")
     bad_arg(cat("options->compression->error_feedback needs the qonce schedule, not '", info.name, "'"));
   if (a.coll == Coll::AllGather)
     bad_arg("options->compression->error_feedback is for reductions (all-reduce, reduce-scatter), not all-gather");

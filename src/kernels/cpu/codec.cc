@@ -715,6 +715,57 @@ CHORUS_CODEC_CLONES void vote_accumulate_impl(const std::byte* in, size_t count,
 
 [[noreturn]] void fail(std::string msg) { throw Error(chorusInvalidArgument, Subsys::Kernels, std::move(msg)); }
 
+// ---- Randomized Hadamard rotation (Codec::rotation) ----
+
+// The diagonal D as +-1.0f for each position of a record of up to kInt8MaxBlock elements, drawn from the seed
+// alone (bit i % 64 of word i / 64 of a SplitMix64 stream), so every rank and both ends agree.
+struct RotationSigns {
+  alignas(64) float sign[kInt8MaxBlock];
+};
+
+void rotation_signs(uint64_t seed, RotationSigns& s) {
+  for (size_t w = 0; w < kInt8MaxBlock / 64; ++w) {
+    const uint64_t bits = mix64(seed ^ mix64(0x5248545f7369676eull + w));
+    for (size_t b = 0; b < 64; ++b) s.sign[w * 64 + b] = (bits >> b) & 1 ? -1.0f : 1.0f;
+  }
+}
+
+// In-place unnormalised fast Walsh-Hadamard transform of v[0, n), n a power of two >= 8: the three stages inside
+// each group of 8 elements in registers, then the stages of stride 8 and up over contiguous runs (which vectorise).
+CHORUS_ALWAYS_INLINE void fwht(float* v, size_t n) {
+  for (size_t g = 0; g < n; g += 8) {
+    float* p = v + g;
+    const float a0 = p[0] + p[1], a1 = p[0] - p[1], a2 = p[2] + p[3], a3 = p[2] - p[3];
+    const float a4 = p[4] + p[5], a5 = p[4] - p[5], a6 = p[6] + p[7], a7 = p[6] - p[7];
+    const float b0 = a0 + a2, b1 = a1 + a3, b2 = a0 - a2, b3 = a1 - a3;
+    const float b4 = a4 + a6, b5 = a5 + a7, b6 = a4 - a6, b7 = a5 - a7;
+    p[0] = b0 + b4, p[1] = b1 + b5, p[2] = b2 + b6, p[3] = b3 + b7;
+    p[4] = b0 - b4, p[5] = b1 - b5, p[6] = b2 - b6, p[7] = b3 - b7;
+  }
+  for (size_t h = 8; h < n; h <<= 1)
+    for (size_t i = 0; i < n; i += 2 * h)
+      for (size_t j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+}
+
+// z = H D y / sqrt(n), from y (may be z).
+CHORUS_CODEC_CLONES void rotate_forward(const RotationSigns& s, const float* y, float* z, size_t n) {
+  for (size_t j = 0; j < n; ++j) z[j] = y[j] * s.sign[j];
+  fwht(z, n);
+  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
+  for (size_t j = 0; j < n; ++j) z[j] *= norm;
+}
+
+// y = D H z / sqrt(n), in place.
+CHORUS_CODEC_CLONES void rotate_inverse(const RotationSigns& s, float* v, size_t n) {
+  fwht(v, n);
+  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
+  for (size_t j = 0; j < n; ++j) v[j] *= norm * s.sign[j];
+}
+
 bool kind_valid(CodecKind k) { return static_cast<uint8_t>(k) <= static_cast<uint8_t>(CodecKind::SignVote); }
 
 std::string prefix(const Codec& c) {
@@ -779,6 +830,12 @@ void validate(const Codec& c) {
   if (c.stochastic_rounding && (c.kind == CodecKind::Sign1 || c.kind == CodecKind::SignVote)) {
     fail(prefix(c) + "stochastic_rounding applies to int8, fp8_e4m3 and int4 only");
   }
+  if (c.rotation && (c.kind == CodecKind::Sign1 || c.kind == CodecKind::SignVote)) {
+    fail(prefix(c) + "rotation applies to int8, fp8_e4m3 and int4 only (a sign keeps no magnitude to spread)");
+  }
+  if (c.rotation && c.kind == CodecKind::Int8 && (b & (b - 1)) != 0) {
+    fail(prefix(c) + cat("block ", b, " is not a power of two: the Hadamard rotation needs 32, 64, ..., 1024"));
+  }
 }
 
 void validate(const Codec& c, chorusDataType_t dtype, chorusRedOp_t op) {
@@ -823,8 +880,86 @@ size_t encoded_bytes(const Codec& c, size_t count) {
   return full * record_bytes(c.kind, r) + (tail ? record_bytes(c.kind, tail) : 0);
 }
 
+namespace {
+
+// The codec without rotation on in[0, count); `block` = block_elems(c).
+size_t encode_plain(const Codec& c, uint32_t block, const float* in, size_t count, std::byte* out, float* res,
+                    const SrKey& key, uint64_t g0) {
+  const bool sr = c.stochastic_rounding;
+  switch (c.kind) {
+    case CodecKind::Int8: return encode_int8(in, count, out, res, block, sr, key, g0);
+    case CodecKind::Fp8E4M3: return encode_fp8(in, count, out, res, sr, key, g0);
+    case CodecKind::Int4: return encode_int4(in, count, out, res, sr, key, g0);
+    case CodecKind::Sign1: return encode_sign1(in, count, out, res, block);
+    case CodecKind::SignVote: return encode_vote(in, count, out);
+  }
+  return 0;
+}
+
+void decode_plain(const Codec& c, uint32_t block, const std::byte* in, size_t count, float* out, bool acc) {
+  switch (c.kind) {
+    case CodecKind::Int8: decode_int8(in, count, out, block, acc); return;
+    case CodecKind::Fp8E4M3: decode_fp8(in, count, out, acc); return;
+    case CodecKind::Int4: decode_int4(in, count, out, acc); return;
+    case CodecKind::Sign1: decode_sign1(in, count, out, block, acc); return;
+    case CodecKind::SignVote: decode_vote(in, count, out, acc); return;
+  }
+}
+
+// Record by record: y = x (+ e), z = rotate(y), codes = Q(z); with a residual, e = y - rotate^-1(D(codes)) unless
+// the record is non-finite (its residual is kept). The short last record goes unrotated.
+size_t encode_rotated(const Codec& c, uint32_t block, const float* in, size_t count, std::byte* out, float* res,
+                      const SrKey& key, uint64_t g0) {
+  const size_t rec = record_elems(c), rec_bytes = record_bytes(c.kind, rec);
+  const size_t full = count / rec * rec;
+  RotationSigns signs;
+  rotation_signs(c.seed, signs);
+  alignas(64) float y[kInt8MaxBlock], z[kInt8MaxBlock];
+  size_t bad = 0;
+  for (size_t i = 0; i < full; i += rec) {
+    const float* yp = in + i;
+    if (res) {
+      for (size_t j = 0; j < rec; ++j) y[j] = in[i + j] + res[i + j];
+      yp = y;
+    }
+    rotate_forward(signs, yp, z, rec);
+    const size_t b = encode_plain(c, block, z, rec, out, nullptr, key, g0 + i);
+    if (res && b == 0) {
+      decode_plain(c, block, out, rec, z, false);
+      rotate_inverse(signs, z, rec);
+      for (size_t j = 0; j < rec; ++j) res[i + j] = y[j] - z[j];
+    }
+    bad += b;
+    out += rec_bytes;
+  }
+  if (full < count)
+    bad += encode_plain(c, block, in + full, count - full, out, res ? res + full : nullptr, key, g0 + full);
+  return bad;
+}
+
+void decode_rotated(const Codec& c, uint32_t block, const std::byte* in, size_t count, float* out, bool acc) {
+  const size_t rec = record_elems(c), rec_bytes = record_bytes(c.kind, rec);
+  const size_t full = count / rec * rec;
+  RotationSigns signs;
+  rotation_signs(c.seed, signs);
+  alignas(64) float z[kInt8MaxBlock];
+  for (size_t i = 0; i < full; i += rec) {
+    decode_plain(c, block, in, rec, z, false);
+    rotate_inverse(signs, z, rec);
+    if (acc) {
+      for (size_t j = 0; j < rec; ++j) out[i + j] += z[j];
+    } else {
+      std::memcpy(out + i, z, rec * sizeof(float));
+    }
+    in += rec_bytes;
+  }
+  if (full < count) decode_plain(c, block, in, count - full, out + full, acc);
+}
+
+}  // namespace
+
 size_t encode(const Codec& c, const float* in, size_t count, std::byte* out, const EncodeCtx& ctx) {
-  const uint32_t block = block_elems(c);
+  validate(c);
   if (count == 0) return 0;
   if (!in) fail(prefix(c) + "encode: in is null");
   if (!out) fail(prefix(c) + "encode: out is null");
@@ -839,29 +974,22 @@ size_t encode(const Codec& c, const float* in, size_t count, std::byte* out, con
     fail(prefix(c) + "encode: ctx.residual overlaps in or out");
   }
   const SrKey key = make_key(c, ctx);
-  const bool sr = c.stochastic_rounding;
-  switch (c.kind) {
-    case CodecKind::Int8: return encode_int8(in, count, out, ctx.residual, block, sr, key, ctx.first_elem);
-    case CodecKind::Fp8E4M3: return encode_fp8(in, count, out, ctx.residual, sr, key, ctx.first_elem);
-    case CodecKind::Int4: return encode_int4(in, count, out, ctx.residual, sr, key, ctx.first_elem);
-    case CodecKind::Sign1: return encode_sign1(in, count, out, ctx.residual, block);
-    case CodecKind::SignVote: return encode_vote(in, count, out);
-  }
-  return 0;
+  const uint32_t block = block_elems(c);
+  if (c.rotation) return encode_rotated(c, block, in, count, out, ctx.residual, key, ctx.first_elem);
+  return encode_plain(c, block, in, count, out, ctx.residual, key, ctx.first_elem);
 }
 
 namespace {
 void decode_impl(const Codec& c, const std::byte* in, size_t count, float* out, bool acc, const char* what) {
-  const uint32_t block = block_elems(c);
+  validate(c);
   if (count == 0) return;
   if (!in) fail(prefix(c) + what + ": in is null");
   if (!out) fail(prefix(c) + what + (acc ? ": acc is null" : ": out is null"));
-  switch (c.kind) {
-    case CodecKind::Int8: decode_int8(in, count, out, block, acc); return;
-    case CodecKind::Fp8E4M3: decode_fp8(in, count, out, acc); return;
-    case CodecKind::Int4: decode_int4(in, count, out, acc); return;
-    case CodecKind::Sign1: decode_sign1(in, count, out, block, acc); return;
-    case CodecKind::SignVote: decode_vote(in, count, out, acc); return;
+  const uint32_t block = block_elems(c);
+  if (c.rotation) {
+    decode_rotated(c, block, in, count, out, acc);
+  } else {
+    decode_plain(c, block, in, count, out, acc);
   }
 }
 }  // namespace

@@ -69,7 +69,16 @@ struct Codec {
   // as long as the call gives one scale per call, 1-bit Adam's per-chunk scale). sign_vote: 0 only.
   uint32_t block = 0;
   bool stochastic_rounding = false;  // int8, fp8_e4m3, int4 only
-  uint64_t seed = 0;                 // stochastic rounding key (with the rank)
+  uint64_t seed = 0;                 // stochastic rounding key (with the rank); the rotation's signs
+  // Randomized Hadamard rotation (int8, fp8_e4m3, int4): each whole record of R = record_elems() elements (a power
+  // of two: int8 blocks 32, 64, ..., 1024) is quantized as z = H D y / sqrt(R) and decoded as y' = D H z' / sqrt(R),
+  // where H is the R x R Walsh-Hadamard matrix and D a diagonal of +-1 drawn from `seed` (the same on every rank).
+  // The rotation is orthonormal, so the squared error is unchanged in total, but an outlier is spread over the
+  // record instead of setting its block's scale: on heavy-tailed data the error falls to about that of normal data
+  // (Suresh et al. 2017, "Distributed mean estimation with limited communication"; the same preconditioning as
+  // QuaRot, Ashkboos et al. 2024). A shorter last record is quantized unrotated. Costs O(log R) operations per
+  // element on each side; a non-finite value makes its whole record NaN.
+  bool rotation = false;
 };
 
 // Per-call context of encode().

@@ -660,6 +660,11 @@ __global__ void __launch_bounds__(kThreads) vote_result_kernel(const int32_t* vo
               c ? cat("cuda codec ", codec::codec_name(c->kind), ": ", msg) : cat("cuda codec: ", msg));
 }
 
+[[noreturn]] void unsupported_rotation(const Codec& c) {
+  throw Error(chorusNotSupported, Subsys::Kernels,
+              cat("codec ", codec::codec_name(c.kind), ": the Hadamard rotation is not supported on the device yet"));
+}
+
 void require(const Codec* c, const void* p, size_t align, const char* what, const char* name) {
   if (p == nullptr) fail(c, cat(what, ": ", name, " is null"));
   if (reinterpret_cast<uintptr_t>(p) % align != 0) fail(c, cat(what, ": ", name, " is not ", align, "-byte aligned"));
@@ -726,6 +731,7 @@ void encode_kind(const Codec& c, const EncodeArgs& a, cudaStream_t stream) {
 template <bool kAcc>
 void decode_any(const Codec& c, const std::byte* in, size_t count, float* out, cudaStream_t stream) {
   const uint32_t block = codec::block_elems(c);
+  if (c.rotation) unsupported_rotation(c);
   if (count == 0) return;
   const char* what = kAcc ? "decode_accumulate" : "decode";
   require(&c, in, 4, what, "in");
@@ -757,6 +763,7 @@ void decode_any(const Codec& c, const std::byte* in, size_t count, float* out, c
 void encode(const Codec& c, const float* in, size_t count, std::byte* out, const EncodeCtx& ctx,
             unsigned long long* nonfinite_blocks, cudaStream_t stream) {
   const uint32_t block = codec::block_elems(c);  // validates c
+  if (c.rotation) unsupported_rotation(c);
   if (count == 0) return;
   require(&c, in, 4, "encode", "in");
   require(&c, out, 4, "encode", "out");
