@@ -2,7 +2,8 @@
 # Compressed all-reduce on emulated hosts (issue 4): 2 hosts x 2 ranks in network namespaces, 1 Gbit/s each way
 # between hosts (shm inside a host, tcp between), float32 sum, side by side in one run: the fp32 ring, and with
 # compression int8 and int4 quantize-once (two-level: exact inside a host), int8 hierarchical (the inter-host ring
-# coded), the re-quantizing int8 ring, and the one-level quantize-once for comparison. Reports effective busbw (uncompressed bytes over time), its ratio to the fp32 ring, and
+# coded), the re-quantizing int8 ring, the one-level quantize-once for comparison, and int8 quantize-once with the
+# Hadamard rotation. Reports effective busbw (uncompressed bytes over time), its ratio to the fp32 ring, and
 # the relative L2 error against an fp64 reference. Root only.
 # Output: docs/perf/compression-emulated-<date>.md and the raw JSON under docs/perf/raw/compression-<date>/.
 # Usage: sudo scripts/perf-compression.sh [bytes]   (default 64M)
@@ -21,7 +22,8 @@ mkdir -p "$raw"
 trap 'bash scripts/netns-hosts.sh down --prefix "$prefix" > /dev/null || true' EXIT
 bash scripts/netns-hosts.sh up 2 --rate "$rate" --prefix "$prefix" > /dev/null
 cases=("fp32-ring|-A ring" "int8-qonce|-Z int8 -A qonce" "int4-qonce|-Z int4 -A qonce" "int8-hier|-Z int8 -A hier"
-  "int8-ring|-Z int8 -A ring" "int8-qonce-flat|-Z int8 -A qonce-flat" "int4-qonce-flat|-Z int4 -A qonce-flat")
+  "int8-ring|-Z int8 -A ring" "int8-qonce-flat|-Z int8 -A qonce-flat" "int4-qonce-flat|-Z int4 -A qonce-flat"
+  "int8-qonce-rht|-Z int8:rht -A qonce")
 for c in "${cases[@]}"; do
   name=${c%%|*}
   flags=${c#*|}
@@ -34,7 +36,8 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 python3 - "$raw" "$stamp" "$commit" "$rate" "$bytes" > "$out/compression-emulated-$stamp.md" <<'PY'
 import json, sys
 raw, stamp, commit, rate, size = sys.argv[1:]
-names = ["fp32-ring", "int8-qonce", "int4-qonce", "int8-hier", "int8-ring", "int8-qonce-flat", "int4-qonce-flat"]
+names = ["fp32-ring", "int8-qonce", "int4-qonce", "int8-hier", "int8-ring", "int8-qonce-flat", "int4-qonce-flat",
+         "int8-qonce-rht"]
 rows = {n: [r for r in json.load(open(f"{raw}/{n}.json")) if not r["inplace"]][0] for n in names}
 base = rows["fp32-ring"]["busbw"]
 print(f"# Compressed all-reduce on emulated hosts, {stamp}, commit {commit}\n")
