@@ -12,8 +12,10 @@
  *    communicators may be used from different threads at once. chorusCommAbort may be called from any thread.
  *  - All ranks of a communicator call its collectives in the same order with matching arguments. A mismatch
  *    (different collective, count, dtype, op or root) is detected and reported on every rank.
- *  - Buffers are host memory in this version. `stream` arguments take a cudaStream_t; pass NULL for host buffers,
- *    in which case the call blocks until the operation is complete.
+ *  - Buffers: host memory with stream NULL, and the call blocks until the operation is complete. In a CUDA build
+ *    the blocking collectives also take device buffers: given a cudaStream_t (or device buffers with stream NULL,
+ *    the legacy default stream) the call is ordered on the stream and returns at once (docs/cuda.md); the
+ *    non-blocking forms and chorusSend/chorusRecv take host buffers only.
  */
 #ifndef CHORUS_CHORUS_H_
 #define CHORUS_CHORUS_H_
@@ -142,7 +144,7 @@ chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, choru
                                           chorusScalarResidence_t residence, chorusComm_t comm);
 chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm);
 
-/* ---- Collectives (blocking for host buffers with stream == NULL) ----
+/* ---- Collectives (blocking for host buffers with stream == NULL; stream-ordered for device buffers) ----
  * In place: all-reduce, broadcast, reduce and all-to-all with sendbuff == recvbuff; all-gather with
  * sendbuff == recvbuff + rank * sendcount; reduce-scatter with recvbuff == sendbuff + rank * recvcount. Any other
  * overlap of the two buffers is chorusInvalidArgument. Sizes: all-reduce, broadcast, reduce: count elements in and

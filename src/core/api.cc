@@ -17,6 +17,7 @@
 #include "core/config.h"
 #include "core/dtype.h"
 #include "core/log.h"
+#include "runtime/cuda_stream.h"
 
 // Handles are never freed: destroy clears `impl` and leaves a small tombstone, so a handle used after destroy is
 // reported (chorusInvalidUsage) instead of reading freed memory, without a global lookup on every call.
@@ -93,16 +94,43 @@ struct GroupState {
 };
 thread_local GroupState t_group;
 
+// Device buffers (CUDA builds): a call with a stream, or with device buffers, is stream-ordered
+// (src/runtime/cuda_stream.h); the other forms take host buffers only.
+bool uses_device(const CollArgs& a) {
+#ifdef CHORUS_WITH_CUDA
+  if (cuda_stream::is_device_pointer(a.send) || cuda_stream::is_device_pointer(a.recv)) return true;
+  for (const P2POp& op : a.p2p)
+    if (cuda_stream::is_device_pointer(op.buf)) return true;
+#else
+  (void)a;
+#endif
+  return false;
+}
+
+void host_buffers_only(const CollArgs& a, const char* form) {
+  if (uses_device(a))
+    throw Error(chorusNotSupported, Subsys::Core,
+                cat("device buffers: ", form, " takes host buffers; use the blocking form with a CUDA stream"));
+}
+
 chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
   return guarded(comm, [&] {
     CommImpl& c = live(comm);
+#ifndef CHORUS_WITH_CUDA
     if (stream != nullptr)
       throw Error(chorusNotSupported, Subsys::Core,
                   "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
+#endif
     if (t_group.depth > 0)
       throw Error(chorusInvalidUsage, Subsys::Core, "only chorusSend/chorusRecv may be called inside a group");
     CommImpl::Guard guard(c);
     c.validate(a);
+#ifdef CHORUS_WITH_CUDA
+    if (stream != nullptr || uses_device(a)) {
+      cuda_stream::enqueue(c, std::move(a), stream);
+      return;
+    }
+#endif
     c.run_blocking(std::move(a));
   });
 }
@@ -113,6 +141,7 @@ chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* reques
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
     if (t_group.depth > 0)
       throw Error(chorusInvalidUsage, Subsys::Core, "only chorusSend/chorusRecv may be called inside a group");
+    host_buffers_only(a, "a non-blocking call");
     CommImpl::Guard guard(c);
     c.validate(a);
     auto r = std::make_unique<chorusRequest>();
@@ -128,10 +157,12 @@ chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chor
     CommImpl& c = live(comm);
     if (stream != nullptr)
       throw Error(chorusNotSupported, Subsys::Core,
-                  "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
+                  "stream: chorusSend/chorusRecv take host buffers and stream NULL (device buffers are not "
+                  "supported for point-to-point yet)");
     CollArgs a;
     a.coll = algo::Coll::SendRecv;
     a.p2p.push_back({is_send, peer, buf, count, dtype});
+    host_buffers_only(a, "chorusSend/chorusRecv");
     c.validate(a);
     if (t_group.depth > 0) {
       t_group.ops.push_back({comm, a.p2p[0]});

@@ -300,49 +300,92 @@ void CommImpl::validate(CollArgs& a) const {
   check_overlap(a);
 }
 
-void CommImpl::check_overlap(const CollArgs& a) const {
-  // Buffers may overlap only in a collective's exact in-place form; anything else would read bytes it already wrote.
-  if (a.send == nullptr || a.recv == nullptr || a.coll == Coll::SendRecv || a.coll == Coll::Barrier) return;
-  const size_t esz = dtype_size(a.dtype), n = static_cast<size_t>(nranks_), r = static_cast<size_t>(rank_);
-  auto* s = static_cast<const std::byte*>(a.send);
-  auto* d = static_cast<const std::byte*>(a.recv);
-  size_t sbytes = 0, rbytes = 0;
-  const char* in_place = "";
-  bool exact = false;
+CommImpl::Extents CommImpl::extents(const CollArgs& a) const {
+  const size_t esz = dtype_size(a.dtype), n = static_cast<size_t>(nranks_);
+  const bool root = rank_ == a.root;
+  Extents e;
   switch (a.coll) {
-    case Coll::AllReduce:
-    case Coll::AllToAll:
-      sbytes = rbytes = a.count * esz * (a.coll == Coll::AllToAll ? n : 1);
-      exact = s == d;
-      in_place = "sendbuff == recvbuff";
-      break;
+    case Coll::AllReduce: e.send = e.recv = a.count * esz; break;
+    case Coll::AllToAll: e.send = e.recv = a.count * esz * n; break;
     case Coll::Broadcast:
+      e.send = root ? a.count * esz : 0;
+      e.recv = a.count * esz;
+      break;
     case Coll::Reduce:
-      if (rank_ != a.root) return;  // only the root uses both buffers
-      sbytes = rbytes = a.count * esz;
-      exact = s == d;
-      in_place = "sendbuff == recvbuff";
+      e.send = a.count * esz;
+      e.recv = root ? a.count * esz : 0;
       break;
     case Coll::AllGather:
-      sbytes = a.count * esz;
-      rbytes = sbytes * n;
+      e.send = a.count * esz;
+      e.recv = e.send * n;
+      break;
+    case Coll::ReduceScatter:
+      e.recv = a.count * esz;
+      e.send = e.recv * n;
+      break;
+    case Coll::AllToAllv:
+      for (size_t i = 0; i < n; ++i) {
+        e.send = std::max(e.send, (a.sdispls[i] + a.sendcounts[i]) * esz);
+        e.recv = std::max(e.recv, (a.rdispls[i] + a.recvcounts[i]) * esz);
+      }
+      break;
+    default: break;
+  }
+  return e;
+}
+
+kernels::ReduceSpec CommImpl::reduce_spec(const CollArgs& a) const {
+  kernels::ReduceSpec spec;
+  spec.dtype = a.coll == Coll::Barrier ? chorusUint8 : a.dtype;
+  switch (a.coll == Coll::Barrier ? chorusSum : a.op) {
+    case chorusSum: spec.kind = kernels::ReduceKind::Sum; break;
+    case chorusProd: spec.kind = kernels::ReduceKind::Prod; break;
+    case chorusMax: spec.kind = kernels::ReduceKind::Max; break;
+    case chorusMin: spec.kind = kernels::ReduceKind::Min; break;
+    case chorusAvg:
+      spec.kind = kernels::ReduceKind::Sum;
+      spec.avg_divisor = nranks_;
+      break;
+    default:
+      CHORUS_ASSERT(a.premul);
+      spec.kind = kernels::ReduceKind::Sum;
+      spec.premul = true;
+      spec.scalar_f = a.premul_f;
+      spec.scalar_i = a.premul_i;
+  }
+  return spec;
+}
+
+bool CommImpl::all_ranks_in_this_process() const {
+  for (const PeerInfo& p : peers_)
+    if (p.host_id != peers_[rank_].host_id || p.process_token != peers_[rank_].process_token) return false;
+  return true;
+}
+
+void CommImpl::check_overlap(const CollArgs& a) const {
+  // Buffers may overlap only in a collective's exact in-place form; anything else would read bytes it already wrote.
+  if (a.send == nullptr || a.recv == nullptr) return;
+  const size_t r = static_cast<size_t>(rank_);
+  auto* s = static_cast<const std::byte*>(a.send);
+  auto* d = static_cast<const std::byte*>(a.recv);
+  const Extents ext = extents(a);
+  const size_t sbytes = ext.send, rbytes = ext.recv;
+  const char* in_place = "sendbuff == recvbuff";
+  bool exact = s == d;
+  switch (a.coll) {
+    case Coll::AllGather:
       exact = s == d + r * sbytes;
       in_place = "sendbuff == recvbuff + rank * sendcount";
       break;
     case Coll::ReduceScatter:
-      rbytes = a.count * esz;
-      sbytes = rbytes * n;
       exact = d == s + r * rbytes;
       in_place = "recvbuff == sendbuff + rank * recvcount";
       break;
     case Coll::AllToAllv:
-      for (size_t i = 0; i < n; ++i) {
-        sbytes = std::max(sbytes, (a.sdispls[i] + a.sendcounts[i]) * esz);
-        rbytes = std::max(rbytes, (a.rdispls[i] + a.recvcounts[i]) * esz);
-      }
+      exact = false;
       in_place = "(all-to-allv has no in-place form)";
       break;
-    default: return;
+    default: break;
   }
   if (exact || sbytes == 0 || rbytes == 0) return;
   if (s < d + rbytes && d < s + sbytes)
@@ -402,6 +445,15 @@ void CommImpl::abort() {
       is_broken_.store(true, std::memory_order_release);
     }
   }
+  // Places reserved for stream-ordered calls that were never posted fail now (their streams are released), so that
+  // nothing waits for a stream that may never get there.
+  std::lock_guard<std::mutex> lock(q_mu_);
+  for (Work& w : queue_)
+    if (!w.ready) {
+      w.ready = true;
+      w.aborted = true;
+    }
+  q_cv_.notify_all();
 }
 
 Transport& CommImpl::choose_transport(int peer) {
@@ -830,27 +882,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
   }
 
   std::optional<kernels::Reducer> reducer;
-  if (is_reduction(a.coll) || a.coll == Coll::Barrier) {
-    kernels::ReduceSpec spec;
-    spec.dtype = a.coll == Coll::Barrier ? chorusUint8 : a.dtype;
-    switch (a.coll == Coll::Barrier ? chorusSum : a.op) {
-      case chorusSum: spec.kind = kernels::ReduceKind::Sum; break;
-      case chorusProd: spec.kind = kernels::ReduceKind::Prod; break;
-      case chorusMax: spec.kind = kernels::ReduceKind::Max; break;
-      case chorusMin: spec.kind = kernels::ReduceKind::Min; break;
-      case chorusAvg:
-        spec.kind = kernels::ReduceKind::Sum;
-        spec.avg_divisor = n;
-        break;
-      default:
-        CHORUS_ASSERT(a.premul);
-        spec.kind = kernels::ReduceKind::Sum;
-        spec.premul = true;
-        spec.scalar_f = a.premul_f;
-        spec.scalar_i = a.premul_i;
-    }
-    reducer.emplace(spec);
-  }
+  if (is_reduction(a.coll) || a.coll == Coll::Barrier) reducer.emplace(reduce_spec(a));
 
   {
     // Connections and per-step connection table: built once per program and cached (programs from the
@@ -921,9 +953,22 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
 }
 
 void CommImpl::run_blocking(CollArgs a) {
-  // Only the calling thread adds work and the worker runs only while pending_ > 0, so with nothing pending the
-  // call runs here, with no lock and no hand-off.
-  if (pending_.load(std::memory_order_acquire) == 0) {
+  // With nothing pending the call runs here, without a hand-off; the worker does not start queued work (a place a
+  // CUDA host function reserves meanwhile) until it is done.
+  bool here = false;
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    if (pending_.load(std::memory_order_acquire) == 0) here = inline_busy_ = true;
+  }
+  if (here) {
+    struct Done {
+      CommImpl& c;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(c.q_mu_);
+        c.inline_busy_ = false;
+        c.q_cv_.notify_all();
+      }
+    } done{*this};
     run(a);
     return;
   }
@@ -931,7 +976,7 @@ void CommImpl::run_blocking(CollArgs a) {
   {
     std::unique_lock<std::mutex> lock(q_mu_);
     pending_.fetch_add(1, std::memory_order_acq_rel);
-    queue_.emplace_back(std::move(a), req);
+    queue_.push_back(Work{std::move(a), req, true, false, nullptr});
     q_cv_.notify_all();
   }
   std::unique_lock<std::mutex> lock(req->mu);
@@ -944,22 +989,58 @@ std::shared_ptr<RequestState> CommImpl::submit(CollArgs a) {
   std::unique_lock<std::mutex> lock(q_mu_);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   pending_.fetch_add(1, std::memory_order_acq_rel);
-  queue_.emplace_back(std::move(a), req);
+  queue_.push_back(Work{std::move(a), req, true, false, nullptr});
   q_cv_.notify_all();
   return req;
+}
+
+std::shared_ptr<RequestState> CommImpl::reserve(std::function<void(chorusResult_t)> on_done) {
+  auto req = std::make_shared<RequestState>();
+  std::unique_lock<std::mutex> lock(q_mu_);
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  pending_.fetch_add(1, std::memory_order_acq_rel);
+  queue_.push_back(Work{CollArgs{}, req, false, false, std::move(on_done)});
+  return req;
+}
+
+void CommImpl::post(const std::shared_ptr<RequestState>& place, CollArgs a) {
+  std::unique_lock<std::mutex> lock(q_mu_);
+  for (Work& w : queue_)
+    if (w.req == place && !w.ready) {
+      w.args = std::move(a);
+      w.ready = true;
+      q_cv_.notify_all();
+      return;
+    }
+  throw Error(chorusInternalError, Subsys::Core, "post: no reserved place for this call");
+}
+
+void CommImpl::cancel(const std::shared_ptr<RequestState>& place) {
+  std::unique_lock<std::mutex> lock(q_mu_);
+  for (auto it = queue_.begin(); it != queue_.end(); ++it)
+    if (it->req == place && !it->ready) {
+      queue_.erase(it);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      q_cv_.notify_all();
+      return;
+    }
 }
 
 void CommImpl::worker_loop() {
   std::unique_lock<std::mutex> lock(q_mu_);
   for (;;) {
-    q_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    q_cv_.wait(lock,
+               [&] { return (stop_ && queue_.empty()) || (!inline_busy_ && !queue_.empty() && queue_.front().ready); });
     if (queue_.empty()) return;  // stop requested and the queue drained
-    auto [args, req] = std::move(queue_.front());
+    Work w = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
+    CollArgs& args = w.args;
+    const std::shared_ptr<RequestState>& req = w.req;
     chorusResult_t result = chorusSuccess;
     std::string error;
     try {
+      if (w.aborted) throw Error(chorusInvalidUsage, Subsys::Core, cat("rank ", rank_, ": communicator was aborted"));
       run(args);
     } catch (const Error& e) {
       result = e.code();
@@ -975,6 +1056,7 @@ void CommImpl::worker_loop() {
       req->error = error;
     }
     req->cv.notify_all();
+    if (w.on_done) w.on_done(result);
     pending_.fetch_sub(1, std::memory_order_acq_rel);
     lock.lock();
   }

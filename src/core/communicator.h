@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include "bootstrap/unique_id.h"
 #include "core/error.h"
 #include "kernels/cpu/codec.h"
+#include "kernels/cpu/reduce.h"
 #include "runtime/executor.h"
 #include "transports/transport.h"
 
@@ -89,6 +91,24 @@ class CommImpl {
   // Queues a validated call for the worker thread.
   std::shared_ptr<RequestState> submit(CollArgs a);
 
+  // Stream-ordered calls (device buffers on a CUDA stream, src/runtime/cuda_stream.h). reserve() takes the call's
+  // place in this communicator's order now, from the issuing thread: it runs after everything issued before it and
+  // before everything issued after it, blocking calls included, which wait for it. post() fills the place in later,
+  // from any thread (a CUDA host function), and the worker runs it. `on_done(result)` runs on the worker thread once
+  // the call finished or failed; it must not block or call CUDA. A reserved place that is never posted holds every
+  // later call of the communicator (and its destruction) back.
+  std::shared_ptr<RequestState> reserve(std::function<void(chorusResult_t)> on_done);
+  void post(const std::shared_ptr<RequestState>& place, CollArgs a);
+  // Gives up a reserved place that will never be posted (its on_done does not run).
+  void cancel(const std::shared_ptr<RequestState>& place);
+
+  // Bytes this rank reads from the send buffer and writes to the receive buffer in a validated call (0 for a buffer
+  // the rank does not use; point-to-point and barrier: 0, 0).
+  struct Extents {
+    size_t send = 0, recv = 0;
+  };
+  Extents extents(const CollArgs& a) const;
+
   // New communicator of the ranks with the same color, ordered by (key, rank); nullptr for CHORUS_SPLIT_NOCOLOR.
   std::unique_ptr<CommImpl> split(int color, int key);
 
@@ -100,6 +120,18 @@ class CommImpl {
   void abort();
   // chorusSuccess while healthy, else the error that broke the communicator.
   chorusResult_t async_error(std::string* text) const;
+  // Marks the communicator broken with `e` (the first error stays): later calls fail with it.
+  void break_with(const Error& e) { fail(e); }
+
+  // For the device-direct path (src/runtime/cuda_local.h): whether every rank is a thread of this process, the
+  // communicator's id (equal on every rank), the next number of a call that bypasses the program executor (equal
+  // on every rank for the same call), and the timeout for waiting on peers (milliseconds).
+  bool all_ranks_in_this_process() const;
+  uint64_t comm_id() const { return comm_id_; }
+  uint64_t next_direct_seq() { return direct_seq_++; }
+  int64_t timeout_ms() const { return timeout_ms_; }
+  // The reduction of a validated reduction call: dtype, kind, pre-multiplied scalar, avg divisor.
+  kernels::ReduceSpec reduce_spec(const CollArgs& a) const;
 
   // One-thread-at-a-time guard for the public API (misuse is chorusInvalidUsage).
   class Guard {
@@ -149,6 +181,7 @@ class CommImpl {
   int yield_us_ = 1000;
   int64_t timeout_ms_ = 0;
   uint64_t seq_ = 0;
+  uint64_t direct_seq_ = 0;  // calls of the device-direct path
   // Reused for the communicator's life (fresh pages cost more than the copies, MACHINE-NOTES.md):
   std::vector<std::byte> staging_;  // inputs staged for in-place all-to-all and grouped send/recv
   std::vector<std::byte> scratch_;  // programs' scratch buffer
@@ -170,7 +203,15 @@ class CommImpl {
   std::atomic<int> pending_{0};  // queued or running non-blocking work
   std::mutex q_mu_;
   std::condition_variable q_cv_;
-  std::deque<std::pair<CollArgs, std::shared_ptr<RequestState>>> queue_;
+  struct Work {
+    CollArgs args;
+    std::shared_ptr<RequestState> req;
+    bool ready = true;     // false: reserved, not posted yet
+    bool aborted = false;  // abort() came before the post: fails without running
+    std::function<void(chorusResult_t)> on_done;
+  };
+  std::deque<Work> queue_;    // runs from the front, a reserved place only once posted
+  bool inline_busy_ = false;  // run_blocking runs a call on its own thread: the worker waits (under q_mu_)
   bool stop_ = false;
   std::thread worker_;
   std::atomic<std::thread::id> owner_{};

@@ -20,6 +20,7 @@ enum class Param : int {
   IbHca,
   IbGidIndex,
   IbQpsPerConnection,
+  CudaDirect,
   SliceBytes,
   FifoDepth,
   NChannels,

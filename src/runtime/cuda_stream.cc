@@ -1,0 +1,305 @@
+// Collectives on device buffers ordered on the caller's CUDA stream: see cuda_stream.h for the data flow.
+#include "runtime/cuda_stream.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/communicator.h"
+#include "core/error.h"
+#include "runtime/cuda_local.h"
+
+namespace chorus::cuda_stream {
+namespace {
+
+[[noreturn]] void cuda_fail(cudaError_t e, const char* what) {
+  throw Error(chorusUnhandledCudaError, Subsys::Core,
+              cat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) cuda_fail(e, what);
+}
+
+// Pinned host memory for one call's buffers, and its completion flag (pinned, mapped into the device's address
+// space: the stream waits on it).
+struct Staging {
+  std::byte* host = nullptr;
+  size_t capacity = 0;
+  uint32_t* flag = nullptr;
+  CUdeviceptr flag_dev = 0;
+};
+
+// Lets this thread make calls that stream capture would refuse (allocations, pointer queries) while a graph is
+// being captured, as CUDA allows libraries to (cudaThreadExchangeStreamCaptureMode); restores the mode after.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+// Stagings are reused: pinning memory costs far more than a call (milliseconds per allocation).
+class Pool {
+ public:
+  // A staging of at least `bytes`, its flag at 0. Calls CUDA: never from a host function.
+  Staging* take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it)
+        if ((*it)->capacity >= bytes && (best == free_.end() || (*it)->capacity < (*best)->capacity)) best = it;
+      if (best != free_.end()) {
+        Staging* s = *best;
+        free_.erase(best);
+        __atomic_store_n(s->flag, 0u, __ATOMIC_RELEASE);
+        return s;
+      }
+    }
+    RelaxedCapture relaxed;
+    auto s = std::make_unique<Staging>();
+    s->capacity = std::max<size_t>(bytes, size_t{1} << 20);
+    void* host = nullptr;
+    check(cudaHostAlloc(&host, s->capacity, cudaHostAllocPortable), "cudaHostAlloc (staging)");
+    s->host = static_cast<std::byte*>(host);
+    void* flag = nullptr;
+    if (cudaError_t e = cudaHostAlloc(&flag, 64, cudaHostAllocPortable | cudaHostAllocMapped); e != cudaSuccess) {
+      cudaFreeHost(host);
+      cuda_fail(e, "cudaHostAlloc (completion flag)");
+    }
+    s->flag = static_cast<uint32_t*>(flag);
+    *s->flag = 0;
+    void* dev = nullptr;
+    if (cudaError_t e = cudaHostGetDevicePointer(&dev, flag, 0); e != cudaSuccess) {
+      cudaFreeHost(host);
+      cudaFreeHost(flag);
+      cuda_fail(e, "cudaHostGetDevicePointer (completion flag)");
+    }
+    s->flag_dev = reinterpret_cast<CUdeviceptr>(dev);
+    return s.release();
+  }
+
+  // Back to the pool. No CUDA call: safe in host functions and user-object destructors.
+  void give(Staging* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(s);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Staging*> free_;  // kept for the process's life (freeing pinned memory at exit races CUDA's teardown)
+};
+
+Pool& pool() {
+  static Pool* p = new Pool;
+  return *p;
+}
+
+// One enqueued call: the arguments with buffers in the staging.
+struct Op {
+  CommImpl* comm = nullptr;  // must outlive the call (and a graph that captured it)
+  CollArgs args;
+  Staging* staging = nullptr;
+  std::byte* recv = nullptr;  // the receive region in the staging, recv_bytes long
+  size_t recv_bytes = 0;
+  std::shared_ptr<RequestState> place;  // reserved when issued; null under graph capture (taken per replay)
+};
+
+void set_flag(uint32_t* flag) { __atomic_store_n(flag, 1u, __ATOMIC_RELEASE); }
+
+// What the worker runs when a call ends: a failed call's receive region is zeroed first (the stream copies it out
+// anyway, and it must not hand the caller bytes of an earlier call), then the stream is released.
+std::function<void(chorusResult_t)> completion(uint32_t* flag, std::byte* recv, size_t recv_bytes) {
+  return [=](chorusResult_t res) {
+    if (res != chorusSuccess && recv != nullptr) std::memset(recv, 0, recv_bytes);
+    set_flag(flag);
+  };
+}
+
+// Host function, when the stream reaches the call: hand it to the communicator's worker. Never throws, never
+// blocks; if the call cannot be posted the flag is set anyway (the error is the communicator's async error).
+void CUDART_CB post_call(void* p) {
+  Op* op = static_cast<Op*>(p);
+  uint32_t* flag = op->staging->flag;
+  try {
+    if (op->place) {
+      op->comm->post(op->place, op->args);
+    } else {
+      __atomic_store_n(flag, 0u, __ATOMIC_RELEASE);
+      auto place = op->comm->reserve(completion(flag, op->recv, op->recv_bytes));
+      op->comm->post(place, op->args);
+    }
+  } catch (...) {
+    set_flag(flag);
+  }
+}
+
+// Host function after the result was copied out (or the graph's user-object destructor): staging back to the pool.
+void CUDART_CB release_call(void* p) {
+  Op* op = static_cast<Op*>(p);
+  pool().give(op->staging);
+  delete op;
+}
+
+using WaitValue32Fn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+// cuStreamWaitValue32 from the driver, looked up through the runtime (libchorus does not link libcuda).
+WaitValue32Fn wait_value32() {
+  static const WaitValue32Fn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<WaitValue32Fn>(nullptr);
+    }
+    return reinterpret_cast<WaitValue32Fn>(p);
+  }();
+  if (fn == nullptr)
+    throw Error(chorusNotSupported, Subsys::Core,
+                "stream: the CUDA driver has no cuStreamWaitValue32 (stream memory operations), which stream-ordered "
+                "collectives need");
+  return fn;
+}
+
+using PointerGetAttributeFn = CUresult(CUDAAPI*)(void*, CUpointer_attribute, CUdeviceptr);
+
+// The driver's cuPointerGetAttribute once libcuda is in the process, else null. A process that has not loaded
+// libcuda (the CUDA runtime loads it when first used) holds no device memory, and asking would load the driver and
+// may create a context on a GPU: host-only callers of a CUDA build must not pay for that on every call.
+PointerGetAttributeFn pointer_get_attribute() {
+  static std::atomic<PointerGetAttributeFn> fn{nullptr};
+  PointerGetAttributeFn f = fn.load(std::memory_order_acquire);
+  if (f != nullptr) return f;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return nullptr;
+  f = reinterpret_cast<PointerGetAttributeFn>(dlsym(lib, "cuPointerGetAttribute"));
+  // The runtime never unloads the driver, so the pointer stays valid; the handle's reference is dropped.
+  dlclose(lib);
+  fn.store(f, std::memory_order_release);
+  return f;
+}
+
+}  // namespace
+
+bool is_device_pointer(const void* p) {
+  if (p == nullptr) return false;
+  const PointerGetAttributeFn get = pointer_get_attribute();
+  if (get == nullptr) return false;
+  // Device memory (managed memory too, where the driver reports it as device memory: staging handles it as well).
+  unsigned int type = 0;
+  if (get(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;
+  return type == CU_MEMORYTYPE_DEVICE;
+}
+
+void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
+  auto stream = reinterpret_cast<cudaStream_t>(user_stream);
+  auto bad = [](const std::string& why) { throw Error(chorusInvalidArgument, Subsys::Core, why); };
+  if (a.coll == algo::Coll::SendRecv)
+    throw Error(chorusNotSupported, Subsys::Core,
+                "chorusSend/chorusRecv on device buffers or with a stream are not supported yet");
+  if (a.error_feedback != nullptr && is_device_pointer(a.error_feedback))
+    bad("options->compression->error_feedback is device memory: the residual must be host memory");
+  const CommImpl::Extents ext = comm.extents(a);
+  const bool send_dev = is_device_pointer(a.send), recv_dev = is_device_pointer(a.recv);
+  if (ext.send > 0 && !send_dev)
+    bad("sendbuff is not device memory: a call with a stream (or with device buffers) takes device buffers for "
+        "both sendbuff and recvbuff; pass stream NULL and host buffers for a host call");
+  if (ext.recv > 0 && !recv_dev)
+    bad("recvbuff is not device memory: a call with a stream (or with device buffers) takes device buffers for "
+        "both sendbuff and recvbuff; pass stream NULL and host buffers for a host call");
+  // Ranks that are threads of this process read each other's device buffers directly.
+  if (cuda_local::applies(comm, a, user_stream)) {
+    cuda_local::enqueue(comm, a, user_stream);
+    return;
+  }
+  const WaitValue32Fn wait = wait_value32();
+
+  // Staging geometry: an in-place call keeps its buffers' relative offsets (one region), else send then receive.
+  const auto* s = static_cast<const std::byte*>(a.send);
+  auto* d = static_cast<std::byte*>(a.recv);
+  const bool same = a.send == a.recv;
+  const bool overlap = same || (ext.send > 0 && ext.recv > 0 && s < d + ext.recv && d < s + ext.send);
+  size_t s_off = 0, d_off = 0, total = 0;
+  if (overlap) {
+    const std::byte* base = std::min<const std::byte*>(s, d);
+    s_off = static_cast<size_t>(s - base);
+    d_off = static_cast<size_t>(d - base);
+    total = std::max(s_off + ext.send, d_off + ext.recv);
+  } else {
+    d_off = (ext.send + 255) / 256 * 256;
+    total = d_off + ext.recv;
+  }
+
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  if (capture == cudaStreamCaptureStatusInvalidated) bad("stream: its graph capture was invalidated");
+  const bool capturing = capture == cudaStreamCaptureStatusActive;
+
+  auto op = std::make_unique<Op>();
+  op->comm = &comm;
+  op->staging = pool().take(std::max<size_t>(total, 1));
+  std::byte* st = op->staging->host;
+  op->args = std::move(a);
+  if (op->args.send != nullptr) op->args.send = st + s_off;
+  if (op->args.recv != nullptr) op->args.recv = st + d_off;
+  uint32_t* flag = op->staging->flag;
+  op->recv = ext.recv > 0 ? st + d_off : nullptr;
+  op->recv_bytes = ext.recv;
+  // Everything that can fail without running the call, before anything that commits to it.
+  cudaGraph_t graph = nullptr;
+  if (capturing) check(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph), "cudaStreamGetCaptureInfo");
+  if (!capturing) op->place = comm.reserve(completion(flag, op->recv, op->recv_bytes));
+
+  bool posted = false;
+  try {
+    if (ext.send > 0) check(cudaMemcpyAsync(st + s_off, s, ext.send, cudaMemcpyDeviceToHost, stream), "staging in");
+    // All-to-allv writes only its displaced blocks: the rest of the receive region keeps its bytes.
+    if (op->args.coll == algo::Coll::AllToAllv && ext.recv > 0 && !overlap)
+      check(cudaMemcpyAsync(st + d_off, d, ext.recv, cudaMemcpyDeviceToHost, stream), "staging in (recvbuff)");
+    check(cudaLaunchHostFunc(stream, post_call, op.get()), "cudaLaunchHostFunc (post)");
+    posted = true;
+    if (CUresult r = wait(reinterpret_cast<CUstream>(stream), op->staging->flag_dev, 1, CU_STREAM_WAIT_VALUE_EQ);
+        r != CUDA_SUCCESS)
+      throw Error(chorusUnhandledCudaError, Subsys::Core, cat("cuStreamWaitValue32 failed with CUresult ", r));
+    if (ext.recv > 0) check(cudaMemcpyAsync(d, st + d_off, ext.recv, cudaMemcpyHostToDevice, stream), "staging out");
+    if (capturing) {
+      // The graph owns the call from here: its staging lives until the graph is destroyed.
+      cudaUserObject_t obj = nullptr;
+      check(cudaUserObjectCreate(&obj, op.get(), release_call, 1, cudaUserObjectNoDestructorSync),
+            "cudaUserObjectCreate");
+      check(cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove), "cudaGraphRetainUserObject");
+    } else {
+      check(cudaLaunchHostFunc(stream, release_call, op.get()), "cudaLaunchHostFunc (release)");
+    }
+    op.release();
+  } catch (const Error& e) {
+    // Before the post was enqueued nothing will fill the reserved place: give it up, and the call did not happen.
+    // After, the host function still runs the call on this rank while the stream may not wait for it or copy its
+    // result: the communicator is broken (later calls fail with this error rather than mismatch), and the Op stays
+    // alive for the host function.
+    if (!posted) {
+      if (op->place) comm.cancel(op->place);
+      pool().give(op->staging);
+    } else {
+      comm.break_with(e);
+      op.release();
+    }
+    throw;
+  }
+}
+
+}  // namespace chorus::cuda_stream

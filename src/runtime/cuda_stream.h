@@ -1,0 +1,51 @@
+// Collectives on device buffers, ordered on the caller's CUDA stream (docs/cuda.md). Built only with CUDA
+// (CHORUS_WITH_CUDA); this header names no CUDA type, so the API layer can include it either way.
+//
+// Data flow of one call, all enqueued on the caller's stream, nothing waited for on the host:
+//   1. cudaMemcpyAsync device -> pinned host staging of what the rank sends (the receive region too, for
+//      all-to-allv, whose gaps must keep their bytes);
+//   2. a host function posts the call, with buffers in the staging, to the communicator's worker thread, at the
+//      place in the communicator's order that the call took when it was issued (CommImpl::reserve / post); under
+//      graph capture the place is taken when the host function runs, once per replay;
+//   3. cuStreamWaitValue32 holds the stream until the worker writes the call's completion flag (pinned, mapped
+//      host memory), so no kernel spins and no SM is used while the network works;
+//   4. cudaMemcpyAsync pinned staging -> device of what the rank receives;
+//   5. the staging goes back to a pool (a host function; under capture, the destructor of a CUDA user object that
+//      the graph holds, so the staging lives as long as the graph).
+// Every step is capturable, so the sequence can be captured in a CUDA graph and replayed. This is the path every
+// transport uses for device buffers (network peers stage through pinned host memory); a failed call still writes
+// its flag (its receive region zeroed), so the stream never hangs, and leaves its error in chorusCommGetAsyncError;
+// chorusCommAbort fails the calls whose streams have not reached them yet.
+//
+// Rules for the caller (as with NCCL): the communicator outlives its streams' pending calls and every graph that
+// captured one of its calls; a graph holding its calls is not launched while other calls of the communicator are in
+// flight (a replayed call takes its place when the stream reaches it), nor instantiated twice and launched at once
+// (the instances share the call's staging); an error-feedback residual (host memory) is read and written when the
+// stream reaches the call, so it is saved with a checkpoint only after the stream is synchronized. Each waiting call
+// holds one of the device's hardware queues: with more streams of waiting calls than CUDA_DEVICE_MAX_CONNECTIONS
+// (default 8) a wait can hold up another rank's copy and deadlock, so ranks-as-threads on one GPU set it higher (32).
+//
+// Thread-safety: enqueue() is called under the communicator's API guard (one thread per communicator at a time).
+#pragma once
+
+#include <chorus/chorus.h>
+
+namespace chorus {
+
+class CommImpl;
+struct CollArgs;
+
+namespace cuda_stream {
+
+// Whether `p` is device memory (or managed memory) that host code must not touch; host memory, registered or
+// pinned host memory, null and pointers CUDA does not know are not. Never throws.
+bool is_device_pointer(const void* p);
+
+// Enqueues the validated call `a` on `stream` (NULL: the legacy default stream). Its send and receive buffers must
+// both be device memory (or null where the rank does not use one). Throws chorusInvalidArgument for a mix of device
+// and host buffers or a device error-feedback residual, chorusNotSupported for point-to-point calls and where the
+// device lacks stream memory operations, chorusUnhandledCudaError when CUDA fails; nothing is enqueued then.
+void enqueue(CommImpl& comm, CollArgs a, chorusStream_t stream);
+
+}  // namespace cuda_stream
+}  // namespace chorus

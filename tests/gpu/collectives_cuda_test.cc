@@ -1,0 +1,329 @@
+// Collectives on device buffers, ordered on each rank's CUDA stream (src/runtime/cuda_stream.h): every collective,
+// dtype and op at 1, 2, 4 and 8 ranks as threads sharing one GPU, in place and out of place; graph capture and
+// replay; the host not blocked by a call; bad mixes of buffers. Results are checked on every rank against values
+// computed on the host (small integers, so every dtype holds them exactly). Each test skips without a device.
+#include <chorus/chorus.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/float_types.h"
+#include "tests/common/world.h"
+#include "tests/gpu/gpu_test.h"
+
+namespace chorus::gputest {
+namespace {
+
+using test::World;
+
+// Each rank's waiting call holds a hardware queue: up to 8 thread-ranks plus the tests' own streams need more than
+// the default 8 connections (docs/cuda.md). Set before CUDA starts; touches no CUDA itself.
+[[maybe_unused]] const bool kMaxConnections = [] { return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
+
+size_t esize(chorusDataType_t t) {
+  switch (t) {
+    case chorusInt8:
+    case chorusUint8:
+    case chorusFloat8e4m3:
+    case chorusFloat8e5m2: return 1;
+    case chorusFloat16:
+    case chorusBfloat16: return 2;
+    case chorusInt32:
+    case chorusUint32:
+    case chorusFloat32: return 4;
+    default: return 8;
+  }
+}
+
+bool is_float(chorusDataType_t t) {
+  return t == chorusFloat16 || t == chorusBfloat16 || t == chorusFloat32 || t == chorusFloat64 ||
+         t == chorusFloat8e4m3 || t == chorusFloat8e5m2;
+}
+
+void store(chorusDataType_t t, std::byte* p, size_t i, double v) {
+  std::byte* q = p + i * esize(t);
+  auto put = [&](auto x) { std::memcpy(q, &x, sizeof(x)); };
+  switch (t) {
+    case chorusInt8: put(static_cast<int8_t>(v)); break;
+    case chorusUint8: put(static_cast<uint8_t>(v)); break;
+    case chorusInt32: put(static_cast<int32_t>(v)); break;
+    case chorusUint32: put(static_cast<uint32_t>(v)); break;
+    case chorusInt64: put(static_cast<int64_t>(v)); break;
+    case chorusUint64: put(static_cast<uint64_t>(v)); break;
+    case chorusFloat16: put(kernels::float_to_half(static_cast<float>(v))); break;
+    case chorusBfloat16: put(kernels::float_to_bf16(static_cast<float>(v))); break;
+    case chorusFloat32: put(static_cast<float>(v)); break;
+    case chorusFloat64: put(v); break;
+    case chorusFloat8e4m3: put(kernels::float_to_e4m3(static_cast<float>(v))); break;
+    case chorusFloat8e5m2: put(kernels::float_to_e5m2(static_cast<float>(v))); break;
+    default: break;
+  }
+}
+
+double load(chorusDataType_t t, const std::byte* p, size_t i) {
+  const std::byte* q = p + i * esize(t);
+  auto get = [&](auto x) {
+    std::memcpy(&x, q, sizeof(x));
+    return x;
+  };
+  switch (t) {
+    case chorusInt8: return get(int8_t{});
+    case chorusUint8: return get(uint8_t{});
+    case chorusInt32: return get(int32_t{});
+    case chorusUint32: return get(uint32_t{});
+    case chorusInt64: return static_cast<double>(get(int64_t{}));
+    case chorusUint64: return static_cast<double>(get(uint64_t{}));
+    case chorusFloat16: return kernels::half_to_float(get(uint16_t{}));
+    case chorusBfloat16: return kernels::bf16_to_float(get(uint16_t{}));
+    case chorusFloat32: return get(float{});
+    case chorusFloat64: return get(double{});
+    case chorusFloat8e4m3: return kernels::e4m3_to_float(get(uint8_t{}));
+    case chorusFloat8e5m2: return kernels::e5m2_to_float(get(uint8_t{}));
+    default: return 0;
+  }
+}
+
+// Rank r's input element j: small integers (1 or 2 for a product, so 8 ranks stay within every type).
+double value(int r, size_t j, chorusRedOp_t op, bool is_signed) {
+  if (op == chorusProd) return static_cast<double>((r + j) % 2 + 1);
+  const double v = static_cast<double>((r * 7 + j * 3) % 5);
+  return is_signed ? v - 2 : v;
+}
+
+double combine(chorusRedOp_t op, double a, double b) {
+  switch (op) {
+    case chorusSum:
+    case chorusAvg: return a + b;
+    case chorusProd: return a * b;
+    case chorusMax: return std::max(a, b);
+    default: return std::min(a, b);
+  }
+}
+
+double finish(chorusRedOp_t op, chorusDataType_t t, double v, int n) {
+  if (op != chorusAvg) return v;
+  return is_float(t) ? v / n : std::trunc(v / n);
+}
+
+// One collective on every rank with device buffers on the rank's own stream; checks every rank's result.
+void run_collective(World& w, const std::vector<cudaStream_t>& streams, const char* coll, chorusDataType_t t,
+                    chorusRedOp_t op, size_t count, bool in_place) {
+  const int n = w.size();
+  const bool is_signed = !(t == chorusUint8 || t == chorusUint32 || t == chorusUint64);
+  const int root = n - 1;
+  const std::string c = coll;
+  // Elements of the send and receive buffers per rank.
+  const size_t in_elems = (c == "reduce_scatter" || c == "all_to_all") ? count * n : count;
+  const size_t out_elems = (c == "all_gather" || c == "all_to_all") ? count * n : count;
+  const size_t es = esize(t);
+  w.run([&](int r, chorusComm_t comm) {
+    std::vector<std::byte> in(in_elems * es), out(out_elems * es);
+    for (size_t j = 0; j < in_elems; ++j) store(t, in.data(), j, value(r, j, op, is_signed));
+    DeviceBuffer dbuf(std::max(in_elems, out_elems) * es * 2 + 256);
+    ASSERT_TRUE(dbuf.ok());
+    std::byte* dsend = dbuf.get();
+    std::byte* drecv = dbuf.get((in_elems * es + 255) / 256 * 256);
+    if (in_place) {
+      // The in-place forms: the same buffer; all-gather reads its block at recvbuff + rank * count, reduce-scatter
+      // writes at sendbuff + rank * count.
+      drecv = dsend;
+      if (c == "all_gather") dsend = drecv + r * count * es;
+      if (c == "reduce_scatter") drecv = dsend + r * count * es;
+    }
+    ASSERT_EQ(upload(dsend, in.data(), in.size()), cudaSuccess);
+    cudaStream_t s = streams[r];
+    chorusResult_t res = chorusSuccess;
+    if (c == "all_reduce") res = chorusAllReduce(dsend, drecv, count, t, op, comm, s);
+    if (c == "reduce") res = chorusReduce(dsend, drecv, count, t, op, root, comm, s);
+    if (c == "broadcast") res = chorusBroadcast(dsend, drecv, count, t, root, comm, s);
+    if (c == "all_gather") res = chorusAllGather(dsend, drecv, count, t, comm, s);
+    if (c == "reduce_scatter") res = chorusReduceScatter(dsend, drecv, count, t, op, comm, s);
+    if (c == "all_to_all") res = chorusAllToAll(dsend, drecv, count, t, comm, s);
+    ASSERT_EQ(res, chorusSuccess) << chorusGetLastError(comm);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    chorusResult_t async = chorusSuccess;
+    ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+    ASSERT_EQ(async, chorusSuccess) << chorusGetLastError(comm);
+    if (c == "reduce" && r != root) return;  // nothing defined on the other ranks
+    ASSERT_EQ(download(out.data(), drecv, out.size()), cudaSuccess);
+    auto reduced = [&](size_t j) {
+      double v = value(0, j, op, is_signed);
+      for (int q = 1; q < n; ++q) v = combine(op, v, value(q, j, op, is_signed));
+      return finish(op, t, v, n);
+    };
+    for (size_t i = 0; i < out_elems; ++i) {
+      double want = 0;
+      if (c == "all_reduce" || c == "reduce") want = reduced(i);
+      if (c == "broadcast") want = value(root, i, op, is_signed);
+      if (c == "all_gather") want = value(static_cast<int>(i / count), i % count, op, is_signed);
+      if (c == "reduce_scatter") want = reduced(r * count + i);
+      if (c == "all_to_all") want = value(static_cast<int>(i / count), r * count + i % count, op, is_signed);
+      // Through the type, as the library stores it.
+      std::byte tmp[8];
+      store(t, tmp, 0, want);
+      ASSERT_EQ(load(t, out.data(), i), load(t, tmp, 0))
+          << coll << " dtype " << t << " op " << op << " n=" << n << " rank " << r << " element " << i
+          << (in_place ? " in place" : "");
+    }
+  });
+}
+
+std::vector<cudaStream_t> make_streams(int n) {
+  std::vector<cudaStream_t> s(n, nullptr);
+  for (auto& x : s) EXPECT_EQ(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking), cudaSuccess);
+  return s;
+}
+
+void destroy_streams(std::vector<cudaStream_t>& s) {
+  for (auto& x : s) cudaStreamDestroy(x);
+}
+
+// CHORUS_CUDA_DIRECT for the next calls (set while no rank thread runs; every rank reads the same value).
+void set_direct(bool on) { setenv("CHORUS_CUDA_DIRECT", on ? "1" : "0", 1); }
+
+TEST(CudaCollectives, EveryCollectiveDtypeAndOpAt1To8RanksInAndOutOfPlace) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  // Both paths: thread-ranks reading each other's device buffers (direct), and staged through pinned host memory.
+  for (int n : {1, 2, 4, 8}) {
+    World& w = World::get(n);
+    std::vector<cudaStream_t> streams = make_streams(n);
+    for (bool in_place : {false, true}) {
+      for (bool direct : {true, false}) {
+        set_direct(direct);
+        for (chorusDataType_t t :
+             {chorusInt8, chorusUint8, chorusInt32, chorusUint32, chorusInt64, chorusUint64, chorusFloat16,
+              chorusBfloat16, chorusFloat32, chorusFloat64, chorusFloat8e4m3, chorusFloat8e5m2}) {
+          for (chorusRedOp_t op : {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg}) {
+            run_collective(w, streams, "all_reduce", t, op, 1003, in_place);
+            run_collective(w, streams, "reduce_scatter", t, op, 301, in_place);
+            run_collective(w, streams, "reduce", t, op, 517, in_place);
+          }
+          run_collective(w, streams, "all_gather", t, chorusSum, 301, in_place);
+          run_collective(w, streams, "broadcast", t, chorusSum, 777, in_place);
+          run_collective(w, streams, "all_to_all", t, chorusSum, 129, in_place);
+        }
+        // Large enough to be sliced and pipelined.
+        run_collective(w, streams, "all_reduce", chorusFloat32, chorusSum, size_t{4} << 20, in_place);
+      }
+    }
+    destroy_streams(streams);
+  }
+  set_direct(true);
+}
+
+TEST(CudaCollectives, CapturedInAGraphAndReplayed) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  World& w = World::get(4);
+  std::vector<cudaStream_t> streams = make_streams(4);
+  const size_t count = 100003;
+  w.run([&](int r, chorusComm_t comm) {
+    DeviceBuffer in(count * 4), out(count * 4);
+    ASSERT_TRUE(in.ok() && out.ok());
+    cudaStream_t s = streams[r];
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ASSERT_EQ(chorusAllReduce(in.get(), out.get(), count, chorusFloat32, chorusSum, comm, s), chorusSuccess)
+        << chorusGetLastError(comm);
+    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int replay = 0; replay < 3; ++replay) {
+      std::vector<float> x(count), y(count);
+      for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>((r + 1) * (replay + 1) + i % 7);
+      ASSERT_EQ(upload(in.get(), x.data(), count * 4), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      ASSERT_EQ(download(y.data(), out.get(), count * 4), cudaSuccess);
+      for (size_t i = 0; i < count; ++i) {
+        const float want = static_cast<float>(10 * (replay + 1) + 4 * (i % 7));
+        ASSERT_EQ(y[i], want) << "rank " << r << " replay " << replay << " element " << i;
+      }
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  });
+  destroy_streams(streams);
+}
+
+TEST(CudaCollectives, TheHostDoesNotWaitForTheStream) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  World& w = World::get(2);
+  std::vector<cudaStream_t> streams = make_streams(2);
+  w.run([&](int r, chorusComm_t comm) {
+    DeviceBuffer buf(4096);
+    ASSERT_TRUE(buf.ok());
+    std::vector<float> x(1024, 1.0f + r), y(1024);
+    ASSERT_EQ(upload(buf.get(), x.data(), 4096), cudaSuccess);
+    // The stream is held by a gate that opens only after the collective call returned on the host: a call that
+    // waited for the stream would never return.
+    std::atomic<bool> open{false};
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  streams[r],
+                  [](void* p) {
+                    while (!static_cast<std::atomic<bool>*>(p)->load()) {
+                    }
+                  },
+                  &open),
+              cudaSuccess);
+    ASSERT_EQ(chorusAllReduce(buf.get(), buf.get(), 1024, chorusFloat32, chorusSum, comm, streams[r]), chorusSuccess)
+        << chorusGetLastError(comm);
+    open = true;
+    ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+    ASSERT_EQ(download(y.data(), buf.get(), 4096), cudaSuccess);
+    for (float v : y) ASSERT_EQ(v, 3.0f);
+  });
+  destroy_streams(streams);
+}
+
+TEST(CudaCollectives, CompressedAllReduceOnDeviceBuffersGivesTheSameBitsEverywhere) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  World& w = World::get(4);
+  std::vector<cudaStream_t> streams = make_streams(4);
+  const size_t count = 50000;
+  std::vector<std::vector<float>> got(4, std::vector<float>(count));
+  w.run([&](int r, chorusComm_t comm) {
+    DeviceBuffer buf(count * 4);
+    ASSERT_TRUE(buf.ok());
+    std::vector<float> x(count);
+    for (size_t i = 0; i < count; ++i) x[i] = std::sin(0.001f * static_cast<float>(i * (r + 1)));
+    ASSERT_EQ(upload(buf.get(), x.data(), count * 4), cudaSuccess);
+    chorusCompression_t z = CHORUS_COMPRESSION_INIT(chorusCodecInt8);
+    chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
+    o.compression = &z;
+    ASSERT_EQ(chorusAllReduceEx(buf.get(), buf.get(), count, chorusFloat32, chorusSum, &o, comm, streams[r]),
+              chorusSuccess)
+        << chorusGetLastError(comm);
+    ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+    ASSERT_EQ(download(got[r].data(), buf.get(), count * 4), cudaSuccess);
+  });
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(std::memcmp(got[r].data(), got[0].data(), count * 4), 0) << "rank " << r;
+  destroy_streams(streams);
+}
+
+TEST(CudaCollectives, MixedOrUnsupportedBuffersAreClearErrors) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t comm) {
+    DeviceBuffer dev(4096);
+    std::vector<float> host(1024, 1.0f);
+    ASSERT_EQ(chorusAllReduce(dev.get(), host.data(), 1024, chorusFloat32, chorusSum, comm, nullptr),
+              chorusInvalidArgument);
+    EXPECT_NE(std::string(chorusGetLastError(comm)).find("recvbuff"), std::string::npos) << chorusGetLastError(comm);
+    chorusRequest_t req = nullptr;
+    EXPECT_EQ(chorusIallReduce(dev.get(), dev.get(), 1024, chorusFloat32, chorusSum, comm, &req), chorusNotSupported);
+    EXPECT_NE(std::string(chorusGetLastError(comm)).find("non-blocking"), std::string::npos);
+    // Still usable.
+    ASSERT_EQ(chorusAllReduce(host.data(), host.data(), 1024, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess);
+    for (float v : host) ASSERT_EQ(v, 2.0f) << "rank " << r;
+  });
+}
+
+}  // namespace
+}  // namespace chorus::gputest
