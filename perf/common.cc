@@ -909,9 +909,13 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
 void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std::vector<RankInfo>& infos) {
   std::printf("# %s: %s\n", tool.name.c_str(), b.describe().c_str());
   std::printf("# algorithm: %s\n", o.algorithm.empty() ? "chosen by the selector" : o.algorithm.c_str());
-  if (o.compression != 0)
-    std::printf("# compression: codec %d block %u%s (busbw: effective; #wrong: relative L2 error vs fp64)\n",
-                o.compression, o.compression_block, o.compression_rotation ? " rotation" : "");
+  if (o.compression != 0) {
+    static const char* const kCodecNames[] = {"int8", "fp8_e4m3", "int4", "sign1", "sign_vote"};
+    std::printf("# compression: codec %s block %s%s (busbw: effective; #wrong: relative L2 error vs fp64)\n",
+                kCodecNames[o.compression - 1],
+                o.compression_block ? std::to_string(o.compression_block).c_str() : "default",
+                o.compression_rotation ? " rotation" : "");
+  }
   std::printf("# minBytes %zu maxBytes %zu step: ", o.min_bytes, o.max_bytes);
   if (o.step_factor > 1)
     std::printf("%d(factor)", o.step_factor);

@@ -119,6 +119,6 @@ int main(int argc, char** argv) {
       "\nCompressed schedules (chorusCollOptions_t::compression; codecs int8, fp8_e4m3, int4, sign1, "
       "sign_vote):\n");
   for (const chorus::algo::AlgorithmInfo& a : chorus::algo::compressed_algorithm_table())
-    std::printf("  %2d  %-14s %-9s %s\n", a.id, chorus::algo::coll_name(a.coll), a.name, a.description);
+    std::printf("  %2d  %-14s %-10s %s\n", a.id, chorus::algo::coll_name(a.coll), a.name, a.description);
   return 0;
 }

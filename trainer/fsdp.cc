@@ -54,8 +54,19 @@ ParamStore::Memory FullParams::memory() const {
 }
 
 ShardedParams::ShardedParams(const ModelConfig& c, const std::vector<Unit>& units, uint64_t seed, Dist& dist,
-                             bool prefetch)
+                             bool prefetch, const std::string& compress)
     : units_(units), dist_(dist), prefetch_(prefetch), S_(dist.shard_size()), rank_(dist.shard_rank()) {
+  if (!compress.empty()) {
+    static const std::pair<const char*, chorusCodec_t> kCodecs[] = {
+        {"int8", chorusCodecInt8}, {"fp8_e4m3", chorusCodecFp8E4M3}, {"int4", chorusCodecInt4}};
+    compressed_ = false;
+    for (const auto& [name, codec] : kCodecs)
+      if (compress == name) {
+        compression_ = CHORUS_COMPRESSION_INIT(codec);
+        compressed_ = true;
+      }
+    if (!compressed_) throw std::invalid_argument("--compress " + compress + ": expected int8, fp8_e4m3 or int4");
+  }
   size_t total = 0, largest = 0;
   for (const Unit& u : units) {
     const size_t n = (u.numel + S_ - 1) / S_;
@@ -141,12 +152,14 @@ void ShardedParams::backward_done(int u) {
   const size_t n = shard_n_[u];
   std::span<const float> full(s.buf.data(), n * S_);
   std::span<float> shard(&grads_[shard_off_[u]], n);
+  // Compressed: quantize-once reduce-scatter (the codec's options are read when the call is issued).
+  const chorus::CallOptions opt = compressed_ ? chorus::CallOptions{"qonce", &compression_} : chorus::CallOptions{};
   if (prefetch_) {
-    s.pending = dist_.shard()->ireduce_scatter(full, shard, chorus::Op::Sum);
+    s.pending = dist_.shard()->ireduce_scatter(full, shard, chorus::Op::Sum, opt);
     s.in_flight = true;
     dist_.stats.issued(full.size_bytes());
   } else {
-    dist_.stats.timed(full.size_bytes(), [&] { dist_.shard()->reduce_scatter(full, shard, chorus::Op::Sum); });
+    dist_.stats.timed(full.size_bytes(), [&] { dist_.shard()->reduce_scatter(full, shard, chorus::Op::Sum, opt); });
   }
 }
 

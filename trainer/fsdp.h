@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "trainer/dist.h"
@@ -58,7 +59,10 @@ class ShardedParams : public ParamStore {
  public:
   // prefetch: issue all-gathers ahead and reduce-scatters in the background (the default); without it every
   // collective blocks where it is needed, for comparison.
-  ShardedParams(const ModelConfig& c, const std::vector<Unit>& units, uint64_t seed, Dist& dist, bool prefetch);
+  // compress: codec name of the gradient reduce-scatter ("int8", "fp8_e4m3", "int4"; empty: fp32); throws
+  // std::invalid_argument for another name.
+  ShardedParams(const ModelConfig& c, const std::vector<Unit>& units, uint64_t seed, Dist& dist, bool prefetch,
+                const std::string& compress = "");
 
   void begin_pass(bool with_backward) override;
   const float* forward_params(int u) override;
@@ -88,6 +92,8 @@ class ShardedParams : public ParamStore {
   const std::vector<Unit>& units_;
   Dist& dist_;
   bool prefetch_, with_backward_ = false;
+  bool compressed_ = false;
+  chorusCompression_t compression_ = CHORUS_COMPRESSION_INIT(chorusCodecInt8);
   int S_, rank_;
   std::vector<size_t> shard_n_, shard_off_;  // per unit: shard length (padded unit / S) and offset in the vectors
   std::vector<float> params_, grads_, m_, v_;

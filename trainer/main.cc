@@ -57,40 +57,42 @@ struct Options {
 };
 
 void usage(FILE* f) {
-  std::fprintf(f,
-               "usage: chorus-trainer [options]          (one process, unsharded)\n"
-               "       chorusrun -n N chorus-trainer [options]   (N ranks: FSDP + expert parallelism)\n"
-               "data:\n"
-               "  --data PATH            text file, or directory of text files (default %s)\n"
-               "  --val-fraction F       share of the text held out for validation (default 0.1)\n"
-               "model:\n"
-               "  --seq-len T            context in bytes (default 64)\n"
-               "  --d-model D  --layers L  --heads H  --d-ff F     (defaults 128, 4, 4, 512)\n"
-               "  --experts E            experts per MoE block, 0 for a dense model (default 4)\n"
-               "  --top-k K  --capacity-factor C  --d-expert F  --moe-every M   (defaults 2, 1.25, 256, 2)\n"
-               "training:\n"
-               "  --steps S  --batch B   optimizer steps, global batch in sequences (defaults 300, 16)\n"
-               "  --lr LR  --min-lr LR  --warmup W   peak and final learning rate, warm-up steps (3e-3, 3e-4, 30)\n"
-               "  --weight-decay W  --clip G  --aux-weight A  --seed S   (0.1, 1.0, 0.01, 1)\n"
-               "  --eval-every N         validation every N steps and at the end (default 50; 0: only at the end)\n"
-               "  --eval-seqs N          validation windows (default 128)\n"
-               "parallelism (under a launcher):\n"
-               "  --shard-group G        shard over groups of G consecutive ranks, replicate across groups (HSDP)\n"
-               "  --hybrid               shard inside each host, replicate across hosts\n"
-               "  --no-prefetch          blocking all-gathers and reduce-scatters (no overlap), for comparison\n"
-               "  --compress             compressed reduce-scatter / all-gather (not supported yet)\n"
-               "  --device cpu|cuda      where to compute (cuda: not supported yet)\n"
-               "output and checkpoints:\n"
-               "  --out DIR              run directory: checkpoints/, loss.tsv, loss.png (default trainer-run)\n"
-               "  --ckpt-every N         checkpoint every N steps and at the end (default 100; 0: never)\n"
-               "  --keep K               checkpoints kept (default 2)\n"
-               "  --resume               continue from the newest checkpoint in DIR/checkpoints\n"
-               "  --resume-from CKPT     continue from the checkpoint directory CKPT\n"
-               "  --overwrite            start afresh even though DIR holds checkpoints (they are deleted)\n"
-               "  --no-plot              do not run gnuplot\n"
-               "testing:\n"
-               "  --kill-at R:S[:checkpoint]  rank R SIGKILLs itself in step S (or while writing checkpoint S)\n",
-               kDefaultCorpus);
+  std::fprintf(
+      f,
+      "usage: chorus-trainer [options]          (one process, unsharded)\n"
+      "       chorusrun -n N chorus-trainer [options]   (N ranks: FSDP + expert parallelism)\n"
+      "data:\n"
+      "  --data PATH            text file, or directory of text files (default %s)\n"
+      "  --val-fraction F       share of the text held out for validation (default 0.1)\n"
+      "model:\n"
+      "  --seq-len T            context in bytes (default 64)\n"
+      "  --d-model D  --layers L  --heads H  --d-ff F     (defaults 128, 4, 4, 512)\n"
+      "  --experts E            experts per MoE block, 0 for a dense model (default 4)\n"
+      "  --top-k K  --capacity-factor C  --d-expert F  --moe-every M   (defaults 2, 1.25, 256, 2)\n"
+      "training:\n"
+      "  --steps S  --batch B   optimizer steps, global batch in sequences (defaults 300, 16)\n"
+      "  --lr LR  --min-lr LR  --warmup W   peak and final learning rate, warm-up steps (3e-3, 3e-4, 30)\n"
+      "  --weight-decay W  --clip G  --aux-weight A  --seed S   (0.1, 1.0, 0.01, 1)\n"
+      "  --eval-every N         validation every N steps and at the end (default 50; 0: only at the end)\n"
+      "  --eval-seqs N          validation windows (default 128)\n"
+      "parallelism (under a launcher):\n"
+      "  --shard-group G        shard over groups of G consecutive ranks, replicate across groups (HSDP)\n"
+      "  --hybrid               shard inside each host, replicate across hosts\n"
+      "  --no-prefetch          blocking all-gathers and reduce-scatters (no overlap), for comparison\n"
+      "  --compress CODEC       gradients reduce-scattered compressed: int8, fp8_e4m3 or int4 (quantize-once;\n"
+      "                         parameters are all-gathered in fp32)\n"
+      "  --device cpu|cuda      where to compute (cuda: not supported yet)\n"
+      "output and checkpoints:\n"
+      "  --out DIR              run directory: checkpoints/, loss.tsv, loss.png (default trainer-run)\n"
+      "  --ckpt-every N         checkpoint every N steps and at the end (default 100; 0: never)\n"
+      "  --keep K               checkpoints kept (default 2)\n"
+      "  --resume               continue from the newest checkpoint in DIR/checkpoints\n"
+      "  --resume-from CKPT     continue from the checkpoint directory CKPT\n"
+      "  --overwrite            start afresh even though DIR holds checkpoints (they are deleted)\n"
+      "  --no-plot              do not run gnuplot\n"
+      "testing:\n"
+      "  --kill-at R:S[:checkpoint]  rank R SIGKILLs itself in step S (or while writing checkpoint S)\n",
+      kDefaultCorpus);
 }
 
 template <typename T>
@@ -172,7 +174,7 @@ Options parse(int argc, char** argv) {
       {"shard-group", required_argument, nullptr, kShardGroup},
       {"hybrid", no_argument, nullptr, kHybrid},
       {"no-prefetch", no_argument, nullptr, kNoPrefetch},
-      {"compress", no_argument, nullptr, kCompress},
+      {"compress", required_argument, nullptr, kCompress},
       {"device", required_argument, nullptr, kDevice},
       {"out", required_argument, nullptr, kOut},
       {"ckpt-every", required_argument, nullptr, kCkptEvery},
@@ -219,9 +221,10 @@ Options parse(int argc, char** argv) {
       case kHybrid: o.hybrid = true; break;
       case kNoPrefetch: o.train.prefetch = false; break;
       case kCompress:
-        throw UsageError(
-            "--compress: not supported yet: compressed reduce-scatter and all-gather come with Chorus's compression "
-            "support (the compression issue); run without --compress");
+        o.train.compress = optarg;
+        if (o.train.compress != "int8" && o.train.compress != "fp8_e4m3" && o.train.compress != "int4")
+          throw UsageError("--compress " + o.train.compress + ": expected int8, fp8_e4m3 or int4");
+        break;
       case kDevice:
         if (std::string(optarg) == "cuda")
           throw UsageError(
@@ -392,10 +395,12 @@ int run(const Options& o) {
     std::printf("data: %s: %zu training bytes, %zu held out; unigram baseline %.4f nats/byte\n", corpus.source.c_str(),
                 corpus.train.size(), corpus.val.size(), unigram);
     if (world)
-      std::printf("parallel: %d ranks; FSDP shard groups of %d%s; %s; all-gather prefetch %s\n", N, dist.shard_size(),
+      std::printf("parallel: %d ranks; FSDP shard groups of %d%s; %s; all-gather prefetch %s; gradients %s\n", N,
+                  dist.shard_size(),
                   dist.replicas() > 1 ? (", " + std::to_string(dist.replicas()) + " replicas (hybrid)").c_str() : "",
                   m.n_experts ? (std::to_string(m.n_experts / N) + " expert(s) per rank").c_str() : "dense",
-                  o.train.prefetch ? "on" : "off");
+                  o.train.prefetch ? "on" : "off",
+                  o.train.compress.empty() ? "fp32" : (o.train.compress + " (quantize-once)").c_str());
     else
       std::printf("parallel: one process, unsharded\n");
     std::printf("state per rank: params %s, grads %s, optimizer %s; gather buffers %s\n", mb(mem.params).c_str(),

@@ -22,8 +22,12 @@ Trainer::Trainer(const TrainConfig& cfg, const Corpus& corpus, Dist& dist)
   if (cfg.steps < 0) throw std::invalid_argument("--steps must be >= 0");
   local_seqs_ = cfg.batch / N;
   model_ = std::make_unique<Model>(cfg_.model, local_seqs_, cfg.seed, dist.distributed() ? &dist : nullptr);
+  if (!cfg.compress.empty() && !dist.distributed())
+    throw std::invalid_argument(
+        "--compress compresses the FSDP gradient reduce-scatter: it needs several ranks "
+        "(chorusrun -n N)");
   if (dist.distributed())
-    store_ = std::make_unique<ShardedParams>(cfg_.model, model_->layout(), cfg.seed, dist, cfg.prefetch);
+    store_ = std::make_unique<ShardedParams>(cfg_.model, model_->layout(), cfg.seed, dist, cfg.prefetch, cfg.compress);
   else
     store_ = std::make_unique<FullParams>(cfg_.model, model_->layout(), cfg.seed);
   dense_segs_ = store_->segments();

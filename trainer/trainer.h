@@ -33,6 +33,9 @@ struct TrainConfig {
   uint64_t seed = 1;
   int eval_seqs = 128;  // validation windows (rounded down to a multiple of batch)
   bool prefetch = true;
+  // Codec of the FSDP gradient reduce-scatter ("int8", "fp8_e4m3", "int4"; empty: fp32). Quantize-once: each
+  // rank's gradient quantized once on its way to the shard's owner, summed in fp32 there (docs/compression.md).
+  std::string compress;
 };
 
 class Trainer {

@@ -199,7 +199,9 @@ typedef struct {
    * int4; signs drawn from `seed`, equal on every rank): an outlier is spread over its record instead of setting
    * its block's scale, so heavy-tailed data (gradients with outliers) quantizes about as well as normal data
    * (Suresh et al. 2017, "Distributed mean estimation with limited communication"). Costs O(log block) flops per
-   * element on both sides. 0: none. */
+   * element on both sides. A message's last record shorter than a block (and so a rank's whole shard when it is
+   * shorter than one block) is not rotated. A record holding a magnitude of 2^120 (1.3e36) or more cannot be rotated
+   * within fp32 and decodes to NaN like a non-finite record. 0: none. */
   int rotation;
 } chorusCompression_t;
 #define CHORUS_COMPRESSION_INIT(codec_) \
@@ -215,8 +217,10 @@ typedef struct {
    * Every rank must pass the same name. An unknown name is chorusInvalidArgument listing the known ones. */
   const char* algorithm;
   /* Compression of this call (all-reduce, reduce-scatter, all-gather), or NULL. With compression, `algorithm`
-   * names a compressed schedule ("qonce", "ring", "hier") or is NULL for the default. Every rank must pass the same
-   * codec, block and schedule. An unsupported datatype (anything but float32) or op (prod, max, min, or avg with
+   * names a compressed schedule ("qonce", "qonce-flat", "ring", "hier") or is NULL for the default. Every rank must
+   * pass the same codec, block, rotation, seed (with rotation or stochastic rounding) and schedule: a mismatch is
+   * chorusRemoteError on every rank, naming both settings, and breaks the communicator (as any mismatched call
+   * does). An unsupported datatype (anything but float32) or op (prod, max, min, or avg with
    * sign_vote) is chorusInvalidArgument naming it. */
   const chorusCompression_t* compression;
 } chorusCollOptions_t;
@@ -225,8 +229,9 @@ typedef struct {
 
 /* The collectives above with per-call options (same arguments, same errors; plus chorusInvalidArgument for bad
  * options, or an algorithm that does not apply to the communicator, e.g. "oneshot" beyond 64 ranks; the
- * communicator stays usable). Non-blocking calls, all-to-allv and barrier take no options: they follow
- * CHORUS_ALGO and the selector. */
+ * communicator stays usable). Non-blocking all-reduce, all-gather and reduce-scatter take options through their Ex
+ * forms (below); the other non-blocking calls, all-to-allv and barrier take none: they follow CHORUS_ALGO and the
+ * selector. */
 chorusResult_t chorusAllReduceEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                  chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
                                  chorusStream_t stream);
@@ -281,6 +286,17 @@ chorusResult_t chorusIallToAll(const void* sendbuff, void* recvbuff, size_t coun
 chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
                                 const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
                                 chorusComm_t comm, chorusRequest_t* request);
+/* With per-call options (algorithm, compression) as the blocking Ex forms; options are read before the call
+ * returns, a compression's error-feedback residual is read and written while the request runs (do not touch it
+ * until the request is done). */
+chorusResult_t chorusIallReduceEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                  chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
+                                  chorusRequest_t* request);
+chorusResult_t chorusIallGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                                  const chorusCollOptions_t* options, chorusComm_t comm, chorusRequest_t* request);
+chorusResult_t chorusIreduceScatterEx(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                      chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
+                                      chorusRequest_t* request);
 /* *done = 1 when complete (then the request's result is returned), else *done = 0 and chorusSuccess. */
 chorusResult_t chorusTest(chorusRequest_t request, int* done);
 /* Waits up to timeout_ms milliseconds (negative: CHORUS_TIMEOUT_MS). Returns the operation's result, or

@@ -260,25 +260,30 @@ class Comm {
     check(chorusRecv(buf.data(), buf.size(), dtype_of<T>(), peer, c_, nullptr), c_);
   }
 
+  // Non-blocking forms take the same CallOptions (read before the call returns; a compression's residual is used
+  // while the request runs).
   template <typename T>
-  Request iall_reduce(std::span<const T> in, std::span<T> out, Op op = Op::Sum) {
+  Request iall_reduce(std::span<const T> in, std::span<T> out, Op op = Op::Sum, const CallOptions& opt = {}) {
     expect(in.size() == out.size(), "iall_reduce: in and out sizes differ");
     chorusRequest_t r = nullptr;
-    check(chorusIallReduce(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), c_, &r), c_);
+    const chorusCollOptions_t o = opt.c();
+    check(chorusIallReduceEx(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), &o, c_, &r), c_);
     return Request(r);
   }
   template <typename T>
-  Request iall_gather(std::span<const T> in, std::span<T> out) {
+  Request iall_gather(std::span<const T> in, std::span<T> out, const CallOptions& opt = {}) {
     expect(out.size() == in.size() * static_cast<size_t>(size()), "iall_gather: out must hold size() * in");
     chorusRequest_t r = nullptr;
-    check(chorusIallGather(in.data(), out.data(), in.size(), dtype_of<T>(), c_, &r), c_);
+    const chorusCollOptions_t o = opt.c();
+    check(chorusIallGatherEx(in.data(), out.data(), in.size(), dtype_of<T>(), &o, c_, &r), c_);
     return Request(r);
   }
   template <typename T>
-  Request ireduce_scatter(std::span<const T> in, std::span<T> out, Op op = Op::Sum) {
+  Request ireduce_scatter(std::span<const T> in, std::span<T> out, Op op = Op::Sum, const CallOptions& opt = {}) {
     expect(in.size() == out.size() * static_cast<size_t>(size()), "ireduce_scatter: in must hold size() * out");
     chorusRequest_t r = nullptr;
-    check(chorusIreduceScatter(in.data(), out.data(), out.size(), dtype_of<T>(), red(op), c_, &r), c_);
+    const chorusCollOptions_t o = opt.c();
+    check(chorusIreduceScatterEx(in.data(), out.data(), out.size(), dtype_of<T>(), red(op), &o, c_, &r), c_);
     return Request(r);
   }
 

@@ -318,8 +318,8 @@ chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm) {
 }
 
 namespace {
-// Copies the caller's options into the call's arguments (validated with them).
-chorusResult_t collective_ex(chorusComm* comm, CollArgs a, const chorusCollOptions_t* options, chorusStream_t stream) {
+// Copies the caller's options into the call's arguments (validated with them); an error is reported as the call's.
+chorusResult_t apply_options(chorusComm* comm, CollArgs& a, const chorusCollOptions_t* options) {
   if (options != nullptr) {
     if (options->size < offsetof(chorusCollOptions_t, algorithm) + sizeof(options->algorithm))
       return guarded(comm, [&] {
@@ -367,7 +367,18 @@ chorusResult_t collective_ex(chorusComm* comm, CollArgs a, const chorusCollOptio
       a.error_feedback_elems = z.error_feedback_elems;
     }
   }
-  return collective(comm, std::move(a), stream);
+  return chorusSuccess;
+}
+
+chorusResult_t collective_ex(chorusComm* comm, CollArgs a, const chorusCollOptions_t* options, chorusStream_t stream) {
+  const chorusResult_t r = apply_options(comm, a, options);
+  return r != chorusSuccess ? r : collective(comm, std::move(a), stream);
+}
+
+chorusResult_t icollective_ex(chorusComm* comm, CollArgs a, const chorusCollOptions_t* options,
+                              chorusRequest_t* request) {
+  const chorusResult_t r = apply_options(comm, a, options);
+  return r != chorusSuccess ? r : icollective(comm, std::move(a), request);
 }
 }  // namespace
 
@@ -586,6 +597,41 @@ chorusResult_t chorusIallToAll(const void* sendbuff, void* recvbuff, size_t coun
                a.dtype = datatype);
 }
 #undef CHORUS_ICOLL
+
+chorusResult_t chorusIallReduceEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                  chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
+                                  chorusRequest_t* request) {
+  CollArgs a;
+  a.coll = algo::Coll::AllReduce;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = count;
+  a.dtype = datatype;
+  a.op = op;
+  return icollective_ex(comm, std::move(a), options, request);
+}
+chorusResult_t chorusIallGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                                  const chorusCollOptions_t* options, chorusComm_t comm, chorusRequest_t* request) {
+  CollArgs a;
+  a.coll = algo::Coll::AllGather;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = sendcount;
+  a.dtype = datatype;
+  return icollective_ex(comm, std::move(a), options, request);
+}
+chorusResult_t chorusIreduceScatterEx(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                                      chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
+                                      chorusRequest_t* request) {
+  CollArgs a;
+  a.coll = algo::Coll::ReduceScatter;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = recvcount;
+  a.dtype = datatype;
+  a.op = op;
+  return icollective_ex(comm, std::move(a), options, request);
+}
 
 chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
                                 const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,

@@ -630,17 +630,19 @@ class CpuWireCodec final : public WireCodec {
   uint64_t step_;
 };
 
-// Bits 0-3: codec kind + 1; bit 4: stochastic rounding; bits 5-30: a hash of the block, rotation, seed and step.
+// Bits 0-3: codec kind + 1; bit 4: stochastic rounding; bit 5: rotation; bits 6-16: block / 32 (2047: larger);
+// bits 17-30: a hash of the block, seed and step. executor.cc's header description prints the fields by name.
 int32_t codec_fingerprint(const kernels::codec::Codec& c, uint64_t step) {
+  const uint32_t block = kernels::codec::block_elems(c);
   uint64_t h = 0x9e3779b97f4a7c15ull;
   const bool seeded = c.stochastic_rounding || c.rotation;
-  for (uint64_t v : {static_cast<uint64_t>(kernels::codec::block_elems(c)), uint64_t{c.rotation}, seeded ? c.seed : 0,
-                     c.stochastic_rounding ? step : 0}) {
+  for (uint64_t v : {uint64_t{block}, seeded ? c.seed : 0, c.stochastic_rounding ? step : 0}) {
     h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h *= 0xbf58476d1ce4e5b9ull;
   }
   return static_cast<int32_t>((static_cast<uint32_t>(c.kind) + 1) | (c.stochastic_rounding ? 16u : 0u) |
-                              static_cast<uint32_t>((h >> 20) & 0x3ffffffu) << 5);
+                              (c.rotation ? 32u : 0u) | std::min<uint32_t>(block / 32, 2047u) << 6 |
+                              static_cast<uint32_t>((h >> 40) & 0x3fffu) << 17);
 }
 
 }  // namespace

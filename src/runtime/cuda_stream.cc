@@ -170,8 +170,8 @@ WaitValue32Fn wait_value32() {
   }();
   if (fn == nullptr)
     throw Error(chorusNotSupported, Subsys::Core,
-                "stream: the CUDA driver has no cuStreamWaitValue32 (stream memory operations), which stream-ordered "
-                "collectives need");
+                "stream: stream-ordered collectives need the CUDA driver's cuStreamWaitValue32 (stream memory "
+                "operations), and none was found (no GPU driver, or one older than CUDA 12)");
   return fn;
 }
 
@@ -214,6 +214,8 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
   if (a.error_feedback != nullptr && is_device_pointer(a.error_feedback))
     bad("options->compression->error_feedback is device memory: the residual must be host memory");
   const CommImpl::Extents ext = comm.extents(a);
+  // Nothing to move (count 0): nothing to order either, as a host call of count 0 does nothing.
+  if (ext.send == 0 && ext.recv == 0 && a.coll != algo::Coll::Barrier) return;
   const bool send_dev = is_device_pointer(a.send), recv_dev = is_device_pointer(a.recv);
   if (ext.send > 0 && !send_dev)
     bad("sendbuff is not device memory: a call with a stream (or with device buffers) takes device buffers for "

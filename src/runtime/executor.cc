@@ -73,8 +73,9 @@ std::string describe_header(const WireHeader& h) {
   if (h.algo >= algo::kCompressedIdBase && (h.root & 15) >= 1 && (h.root & 15) <= 5) {
     // Compressed calls carry the codec's fingerprint in the root field (communicator.cc, codec_fingerprint).
     static const char* const kCodecs[] = {"int8", "fp8_e4m3", "int4", "sign1", "sign_vote"};
-    s += cat(", codec=", kCodecs[(h.root & 15) - 1], (h.root & 16) ? " stochastic" : "", " settings#",
-             (static_cast<uint32_t>(h.root) >> 5));
+    const uint32_t f = static_cast<uint32_t>(h.root), b32 = (f >> 6) & 2047u;
+    s += cat(", codec=", kCodecs[(f & 15) - 1], " block=", b32 == 2047 ? std::string(">65504") : cat(b32 * 32),
+             (f & 16) ? " stochastic" : "", (f & 32) ? " rotation" : "", " seed/step#", f >> 17);
   }
   if (coll != algo::Coll::SendRecv) {
     const algo::AlgorithmInfo* info = algo::algorithm_by_id(h.algo);

@@ -853,6 +853,20 @@ TEST(CodecRotation, NonFiniteRecordDecodesToNaNAndKeepsItsResidual) {
   }
 }
 
+TEST(CodecRotation, MagnitudesTooLargeToRotateDecodeToNaNInsteadOfWrongValues) {
+  const Codec c = rotated(CodecKind::Int8);
+  std::vector<float> x = gaussian(768, 21);
+  for (size_t i = 0; i < 256; ++i) x[i] *= 1e35f;     // record 0: below 2^120, rotates and stays accurate
+  for (size_t i = 256; i < 512; ++i) x[i] = 1.5e38f;  // record 1: would overflow once rotated
+  std::vector<std::byte> m(encoded_bytes(c, x.size()));
+  EXPECT_EQ(encode(c, x.data(), x.size(), m.data()), 1u);  // counted like a non-finite record
+  const std::vector<float> y = dec(c, m, x.size());
+  const std::vector<float> r0(x.begin(), x.begin() + 256), y0(y.begin(), y.begin() + 256);
+  EXPECT_LE(rel_l2(r0, y0), 8e-3);
+  for (size_t i = 256; i < 512; ++i) ASSERT_TRUE(std::isnan(y[i])) << i;
+  for (size_t i = 512; i < 768; ++i) ASSERT_TRUE(std::isfinite(y[i])) << i;
+}
+
 TEST(CodecRotation, OnlyForScaledCodecsAndPowerOfTwoBlocks) {
   expect_invalid([] { validate(rotated(CodecKind::Sign1)); }, "rotation");
   expect_invalid([] { validate(rotated(CodecKind::SignVote)); }, "rotation");

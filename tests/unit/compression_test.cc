@@ -259,6 +259,44 @@ TEST(Compression, ErrorFeedbackKeepsTheRunningSumClose) {
   EXPECT_GE(sign / sign_ef, 5.0);
 }
 
+TEST(Compression, NonBlockingExFormsGiveTheBlockingFormsBits) {
+  World& w = World::get(4);
+  const size_t count = 3000;  // per rank of the reduce-scatter and all-gather
+  w.run([&](int r, chorusComm_t c) {
+    const std::vector<float> x = contribution(r, count * 4, false);
+    chorusCompression_t z = CHORUS_COMPRESSION_INIT(chorusCodecInt8);
+    z.rotation = 1;
+    chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
+    o.algorithm = "qonce";
+    o.compression = &z;
+    std::vector<float> ar(count * 4), ar_nb(count * 4), rs(count), rs_nb(count), ag(count * 4), ag_nb(count * 4);
+    ASSERT_EQ(chorusAllReduceEx(x.data(), ar.data(), count * 4, chorusFloat32, chorusSum, &o, c, nullptr),
+              chorusSuccess);
+    ASSERT_EQ(chorusReduceScatterEx(x.data(), rs.data(), count, chorusFloat32, chorusSum, &o, c, nullptr),
+              chorusSuccess);
+    ASSERT_EQ(chorusAllGatherEx(x.data(), ag.data(), count, chorusFloat32, &o, c, nullptr), chorusSuccess);
+    chorusRequest_t req[3] = {nullptr, nullptr, nullptr};
+    ASSERT_EQ(chorusIallReduceEx(x.data(), ar_nb.data(), count * 4, chorusFloat32, chorusSum, &o, c, &req[0]),
+              chorusSuccess)
+        << chorusGetLastError(c);
+    ASSERT_EQ(chorusIreduceScatterEx(x.data(), rs_nb.data(), count, chorusFloat32, chorusSum, &o, c, &req[1]),
+              chorusSuccess);
+    ASSERT_EQ(chorusIallGatherEx(x.data(), ag_nb.data(), count, chorusFloat32, &o, c, &req[2]), chorusSuccess);
+    for (chorusRequest_t q : req) {
+      EXPECT_EQ(chorusWait(q, -1), chorusSuccess);
+      EXPECT_EQ(chorusRequestFree(q), chorusSuccess);
+    }
+    EXPECT_EQ(ar, ar_nb);
+    EXPECT_EQ(rs, rs_nb);
+    EXPECT_EQ(ag, ag_nb);
+    // Bad options are reported by the call itself, and no request is made.
+    z.codec = chorusCodecSignVote;
+    chorusRequest_t bad = nullptr;
+    EXPECT_EQ(chorusIallGatherEx(x.data(), ag_nb.data(), count, chorusFloat32, &o, c, &bad), chorusInvalidArgument);
+    EXPECT_EQ(bad, nullptr);
+  });
+}
+
 TEST(Compression, BadOptionsAreClearErrorsAndChangeNothing) {
   World& w = World::get(2);
   w.run([&](int r, chorusComm_t c) {
@@ -381,6 +419,24 @@ TEST(Compression, RanksWithDifferentCodecsGetAnErrorNamingBoth) {
   // At least one side sees the other's call (the other may fail first, on the aborted connection).
   const bool named = (errors[0].find("int8") != std::string::npos && errors[0].find("int4") != std::string::npos) ||
                      (errors[1].find("int8") != std::string::npos && errors[1].find("int4") != std::string::npos);
+  EXPECT_TRUE(named) << errors[0] << " | " << errors[1];
+}
+
+TEST(Compression, RanksThatDifferOnlyInRotationGetAnErrorSayingSo) {
+  World w(2);
+  std::vector<std::string> errors(2);
+  w.run([&](int r, chorusComm_t c) {
+    std::vector<float> x(4096, 1.0f), y(4096, 7.0f);
+    chorusCompression_t z = CHORUS_COMPRESSION_INIT(chorusCodecInt8);
+    z.rotation = r == 0 ? 1 : 0;
+    chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
+    o.compression = &z;
+    EXPECT_EQ(chorusAllReduceEx(x.data(), y.data(), x.size(), chorusFloat32, chorusSum, &o, c, nullptr),
+              chorusRemoteError);
+    errors[r] = chorusGetLastError(c);
+  });
+  const bool named = errors[0].find("block=256 rotation") != std::string::npos ||
+                     errors[1].find("block=256 rotation") != std::string::npos;
   EXPECT_TRUE(named) << errors[0] << " | " << errors[1];
 }
 

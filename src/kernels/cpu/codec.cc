@@ -717,6 +717,9 @@ CHORUS_CODEC_CLONES void vote_accumulate_impl(const std::byte* in, size_t count,
 
 // ---- Randomized Hadamard rotation (Codec::rotation) ----
 
+// 2^120 as fp32 bits: the largest magnitude a record may hold to be rotated (sqrt(1024) * 2^120 < FLT_MAX).
+constexpr uint32_t kRotationLimitBits = 0x7B800000u;
+
 // The diagonal D as +-1.0f for each position of a record of up to kInt8MaxBlock elements, drawn from the seed
 // alone (bit i % 64 of word i / 64 of a SplitMix64 stream), so every rank and both ends agree.
 struct RotationSigns {
@@ -922,7 +925,14 @@ size_t encode_rotated(const Codec& c, uint32_t block, const float* in, size_t co
       for (size_t j = 0; j < rec; ++j) y[j] = in[i + j] + res[i + j];
       yp = y;
     }
-    rotate_forward(signs, yp, z, rec);
+    // A rotated value can reach the record's L2 norm, up to sqrt(R) times its largest magnitude: a record holding a
+    // magnitude of 2^120 or more cannot be rotated within fp32 and is stored like a non-finite one (NaN), so it is
+    // never silently wrong.
+    if (amax_bits<false>(yp, nullptr, rec) >= kRotationLimitBits) {
+      std::fill_n(z, rec, std::numeric_limits<float>::quiet_NaN());
+    } else {
+      rotate_forward(signs, yp, z, rec);
+    }
     const size_t b = encode_plain(c, block, z, rec, out, nullptr, key, g0 + i);
     if (res && b == 0) {
       decode_plain(c, block, out, rec, z, false);

@@ -77,7 +77,8 @@ struct Codec {
   // record instead of setting its block's scale: on heavy-tailed data the error falls to about that of normal data
   // (Suresh et al. 2017, "Distributed mean estimation with limited communication"; the same preconditioning as
   // QuaRot, Ashkboos et al. 2024). A shorter last record is quantized unrotated. Costs O(log R) operations per
-  // element on each side; a non-finite value makes its whole record NaN.
+  // element on each side; a non-finite value makes its whole record NaN, and so does a magnitude of 2^120 or more
+  // (a rotated value can reach the record's L2 norm, which must stay below FLT_MAX); both count as non-finite.
   bool rotation = false;
 };
 
