@@ -44,7 +44,9 @@ bool is_device_pointer(const void* p);
 // Enqueues the validated call `a` on `stream` (NULL: the legacy default stream). Its send and receive buffers must
 // both be device memory (or null where the rank does not use one). Throws chorusInvalidArgument for a mix of device
 // and host buffers or a device error-feedback residual, chorusNotSupported for point-to-point calls and where the
-// device lacks stream memory operations, chorusUnhandledCudaError when CUDA fails; nothing is enqueued then.
+// driver has no cuStreamWaitValue32, chorusUnhandledCudaError when CUDA fails before the call is committed to the
+// stream (nothing is enqueued then); a failure after that breaks the communicator (later calls fail with it).
+// A call of count 0 does nothing.
 void enqueue(CommImpl& comm, CollArgs a, chorusStream_t stream);
 
 }  // namespace cuda_stream
