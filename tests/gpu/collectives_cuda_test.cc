@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/float_types.h"
+#include "tests/common/process.h"
 #include "tests/common/world.h"
 #include "tests/gpu/gpu_test.h"
 
@@ -323,6 +324,18 @@ TEST(CudaCollectives, MixedOrUnsupportedBuffersAreClearErrors) {
     ASSERT_EQ(chorusAllReduce(host.data(), host.data(), 1024, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess);
     for (float v : host) ASSERT_EQ(v, 2.0f) << "rank " << r;
   });
+}
+
+// Ranks as processes sharing the GPU (each process its own context and stream; device buffers staged through pinned
+// memory and the shm transport): tests/gpu/gpu_mp_worker.cc checks every rank's results and prints "gpu-mp: ok".
+TEST(CudaProcesses, TwoAndFourProcessesOnOneGpu) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  for (int n : {2, 4}) {
+    const test::Result r =
+        test::run(std::string(CHORUSRUN) + " -n " + std::to_string(n) + " --timeout 240 " + GPU_MP_WORKER);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(test::count_of(r.out, "gpu-mp: ok"), n) << r.out;
+  }
 }
 
 }  // namespace

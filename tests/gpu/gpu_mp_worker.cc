@@ -1,0 +1,145 @@
+// One rank of a GPU job under chorusrun (tests/gpu/collectives_cuda_test.cc, CudaProcesses.*): ranks as processes
+// sharing one GPU, device buffers on each process's stream. Every collective, a few dtypes and every op, in place
+// and out of place, checked against values computed on the host; prints "gpu-mp: ok" when every check passed.
+// Exits 2 (skip) without a CUDA device.
+#include <chorus/chorus.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+int g_rank = 0, g_n = 1;
+
+#define CHECK_CUDA(call)                                                            \
+  do {                                                                              \
+    const cudaError_t e_ = (call);                                                  \
+    if (e_ != cudaSuccess) {                                                        \
+      std::printf("FAIL rank %d: %s: %s\n", g_rank, #call, cudaGetErrorString(e_)); \
+      return 1;                                                                     \
+    }                                                                               \
+  } while (0)
+#define CHECK_CHORUS(call, comm)                                                      \
+  do {                                                                                \
+    const chorusResult_t r_ = (call);                                                 \
+    if (r_ != chorusSuccess) {                                                        \
+      std::printf("FAIL rank %d: %s: %s\n", g_rank, #call, chorusGetLastError(comm)); \
+      return 1;                                                                       \
+    }                                                                                 \
+  } while (0)
+
+// Rank r's element j: small integers every dtype holds exactly (1 or 2 for a product).
+double value(int r, size_t j, chorusRedOp_t op) {
+  if (op == chorusProd) return static_cast<double>((r + j) % 2 + 1);
+  return static_cast<double>((r * 7 + j * 3) % 5) - 2;
+}
+
+double combine(chorusRedOp_t op, double a, double b) {
+  switch (op) {
+    case chorusSum:
+    case chorusAvg: return a + b;
+    case chorusProd: return a * b;
+    case chorusMax: return std::max(a, b);
+    default: return std::min(a, b);
+  }
+}
+
+double reduced(chorusRedOp_t op, size_t j, bool is_float) {
+  double v = value(0, j, op);
+  for (int q = 1; q < g_n; ++q) v = combine(op, v, value(q, j, op));
+  if (op == chorusAvg) v = is_float ? v / g_n : std::trunc(v / g_n);
+  return v;
+}
+
+template <typename T>
+int run_type(chorusComm_t comm, cudaStream_t s, chorusDataType_t t) {
+  const bool is_float = std::is_floating_point_v<T>;
+  const size_t count = 1003;
+  const size_t n = static_cast<size_t>(g_n), r = static_cast<size_t>(g_rank);
+  T *dsend = nullptr, *drecv = nullptr;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dsend), count * n * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&drecv), count * n * sizeof(T)));
+  std::vector<T> in(count * n), out(count * n);
+  int bad = 0;
+  auto expect = [&](const char* what, bool in_place, size_t i, double want, T got) {
+    if (static_cast<double>(got) == static_cast<double>(static_cast<T>(want))) return;
+    if (bad++ < 5)
+      std::printf("FAIL rank %d: %s dtype %d%s element %zu: %g, expected %g\n", g_rank, what, t,
+                  in_place ? " in place" : "", i, static_cast<double>(got), want);
+  };
+  for (bool in_place : {false, true}) {
+    for (chorusRedOp_t op : {chorusSum, chorusProd, chorusMax, chorusMin, chorusAvg}) {
+      // all-reduce
+      for (size_t j = 0; j < count; ++j) in[j] = static_cast<T>(value(g_rank, j, op));
+      T* recv = in_place ? dsend : drecv;
+      CHECK_CUDA(cudaMemcpy(dsend, in.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+      CHECK_CHORUS(chorusAllReduce(dsend, recv, count, t, op, comm, s), comm);
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      CHECK_CUDA(cudaMemcpy(out.data(), recv, count * sizeof(T), cudaMemcpyDeviceToHost));
+      for (size_t j = 0; j < count; ++j) expect("all-reduce", in_place, j, reduced(op, j, is_float), out[j]);
+      // reduce-scatter: block b of every rank's input reduced onto rank b
+      for (size_t j = 0; j < count * n; ++j) in[j] = static_cast<T>(value(g_rank, j, op));
+      CHECK_CUDA(cudaMemcpy(dsend, in.data(), count * n * sizeof(T), cudaMemcpyHostToDevice));
+      T* rs_out = in_place ? dsend + r * count : drecv;
+      CHECK_CHORUS(chorusReduceScatter(dsend, rs_out, count, t, op, comm, s), comm);
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      CHECK_CUDA(cudaMemcpy(out.data(), rs_out, count * sizeof(T), cudaMemcpyDeviceToHost));
+      for (size_t j = 0; j < count; ++j)
+        expect("reduce-scatter", in_place, j, reduced(op, r * count + j, is_float), out[j]);
+    }
+    // all-gather and broadcast (no op)
+    for (size_t j = 0; j < count; ++j) in[j] = static_cast<T>(value(g_rank, j, chorusSum));
+    T* ag_in = in_place ? drecv + r * count : dsend;
+    CHECK_CUDA(cudaMemcpy(ag_in, in.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK_CHORUS(chorusAllGather(ag_in, drecv, count, t, comm, s), comm);
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    CHECK_CUDA(cudaMemcpy(out.data(), drecv, count * n * sizeof(T), cudaMemcpyDeviceToHost));
+    for (size_t j = 0; j < count * n; ++j)
+      expect("all-gather", in_place, j, value(static_cast<int>(j / count), j % count, chorusSum), out[j]);
+    const int root = g_n - 1;
+    CHECK_CUDA(cudaMemcpy(dsend, in.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    T* bc_out = in_place ? dsend : drecv;
+    CHECK_CHORUS(chorusBroadcast(dsend, bc_out, count, t, root, comm, s), comm);
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    CHECK_CUDA(cudaMemcpy(out.data(), bc_out, count * sizeof(T), cudaMemcpyDeviceToHost));
+    for (size_t j = 0; j < count; ++j) expect("broadcast", in_place, j, value(root, j, chorusSum), out[j]);
+  }
+  cudaFree(dsend);
+  cudaFree(drecv);
+  return bad == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::printf("gpu-mp: no CUDA device\n");
+    return 2;
+  }
+  chorusComm_t comm = nullptr;
+  if (chorusCommInitFromEnv(&comm) != chorusSuccess) {
+    std::printf("FAIL init: %s\n", chorusGetLastError(nullptr));
+    return 1;
+  }
+  chorusCommUserRank(comm, &g_rank);
+  chorusCommCount(comm, &g_n);
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 1;
+  int rc = 0;
+  rc |= run_type<int32_t>(comm, s, chorusInt32);
+  rc |= run_type<float>(comm, s, chorusFloat32);
+  rc |= run_type<double>(comm, s, chorusFloat64);
+  rc |= run_type<int64_t>(comm, s, chorusInt64);
+  cudaStreamDestroy(s);
+  chorusCommDestroy(comm);
+  if (rc == 0) std::printf("gpu-mp: ok (rank %d of %d)\n", g_rank, g_n);
+  return rc;
+}
