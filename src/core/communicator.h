@@ -129,6 +129,8 @@ class CommImpl {
   bool all_ranks_in_this_process() const;
   uint64_t comm_id() const { return comm_id_; }
   uint64_t next_direct_seq() { return direct_seq_++; }
+  // State the device-direct path keeps per communicator (its CUDA events), released with the communicator.
+  std::shared_ptr<void>& device_state() { return device_state_; }
   int64_t timeout_ms() const { return timeout_ms_; }
   // The reduction of a validated reduction call: dtype, kind, pre-multiplied scalar, avg divisor.
   kernels::ReduceSpec reduce_spec(const CollArgs& a) const;
@@ -182,6 +184,7 @@ class CommImpl {
   int64_t timeout_ms_ = 0;
   uint64_t seq_ = 0;
   uint64_t direct_seq_ = 0;  // calls of the device-direct path
+  std::shared_ptr<void> device_state_;
   // Reused for the communicator's life (fresh pages cost more than the copies, MACHINE-NOTES.md):
   std::vector<std::byte> staging_;  // inputs staged for in-place all-to-all and grouped send/recv
   std::vector<std::byte> scratch_;  // programs' scratch buffer

@@ -30,12 +30,18 @@ void check(cudaError_t e, const char* what) {
                 cat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
-// What a rank publishes at a rendezvous phase: its buffers and the event its stream recorded.
+// What a rank publishes at a rendezvous phase: its buffers, the event its stream recorded, and (phase 0) the call
+// it issued, compared across ranks before anything is enqueued.
 struct Entry {
   const std::byte* send = nullptr;
   std::byte* recv = nullptr;
   cudaEvent_t event = nullptr;
   int device = -1;
+  Coll coll = Coll::AllReduce;
+  chorusDataType_t dtype = chorusFloat32;
+  chorusRedOp_t op = chorusSum;
+  size_t count = 0;
+  int root = 0;
 };
 
 // One call's rendezvous among the rank threads: phases 0, 1, 2, each complete when every rank arrived.
@@ -45,7 +51,8 @@ struct Call {
   std::vector<std::vector<Entry>> phase;  // [phase][rank]
   std::vector<std::vector<bool>> arrived;
   std::vector<int> count;
-  int left = 0;  // ranks still to leave; the last one removes the call
+  int left = 0;        // ranks still to leave; the last one removes the call
+  std::string failed;  // set by a rank that gave up (timeout, error): every waiting rank fails with it
 };
 
 class Registry {
@@ -82,51 +89,114 @@ Registry& registry() {
   return *r;
 }
 
+// Marks the call failed with `why` (the first reason stays) and wakes every waiting rank.
+void give_up(Call& c, const std::string& why) {
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.failed.empty()) c.failed = why;
+  c.cv.notify_all();
+}
+
 // Publishes `e` as rank `rank` in `phase` and waits until every rank did; returns every rank's entry. Throws
-// chorusRemoteError naming the ranks missing when the timeout passes.
+// chorusRemoteError naming the ranks missing when the timeout passes (the call is then failed for everyone, so a
+// late rank does not go on alone), or with the reason of a rank that gave up.
 std::vector<Entry> arrive(Call& c, int phase, int rank, const Entry& e, int64_t timeout_ms) {
   std::unique_lock<std::mutex> lock(c.mu);
-  c.phase[phase][rank] = e;
-  c.arrived[phase][rank] = true;
   const int n = static_cast<int>(c.arrived[phase].size());
-  if (++c.count[phase] == n) c.cv.notify_all();
-  const auto full = [&] { return c.count[phase] == n; };
+  if (c.failed.empty()) {
+    c.phase[phase][rank] = e;
+    c.arrived[phase][rank] = true;
+    if (++c.count[phase] == n) c.cv.notify_all();
+  }
+  const auto done = [&] { return c.count[phase] == n || !c.failed.empty(); };
   if (timeout_ms > 0) {
-    if (!c.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), full)) {
+    if (!c.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), done)) {
       std::string missing;
       for (int r = 0; r < n; ++r)
         if (!c.arrived[phase][r]) missing += cat(missing.empty() ? "" : ", ", r);
-      throw Error(chorusRemoteError, Subsys::Core,
-                  cat("rank ", rank, ": rank(s) ", missing, " did not issue the same device collective within ",
-                      timeout_ms, " ms"));
+      c.failed = cat("rank ", rank, ": rank(s) ", missing, " did not issue the same device collective within ",
+                     timeout_ms, " ms");
+      c.cv.notify_all();
     }
   } else {
-    c.cv.wait(lock, full);
+    c.cv.wait(lock, done);
   }
+  if (!c.failed.empty()) throw Error(chorusRemoteError, Subsys::Core, c.failed);
   return c.phase[phase];
 }
 
-// Three events per rank thread's communicator, reused call after call: a peer's cudaStreamWaitEvent takes the
-// record that was current when it was enqueued, and the rendezvous orders every re-record after those.
-struct Events {
-  cudaEvent_t ready = nullptr, mid = nullptr, done = nullptr;
-};
-
-Events& events_of(const CommImpl* comm) {
-  static std::mutex mu;
-  static auto* all = new std::map<const CommImpl*, Events>;
-  std::lock_guard<std::mutex> lock(mu);
-  Events& e = (*all)[comm];
-  if (e.ready == nullptr) {
-    check(cudaEventCreateWithFlags(&e.ready, cudaEventDisableTiming), "cudaEventCreate");
-    check(cudaEventCreateWithFlags(&e.mid, cudaEventDisableTiming), "cudaEventCreate");
-    check(cudaEventCreateWithFlags(&e.done, cudaEventDisableTiming), "cudaEventCreate");
+// Every rank issued the same call (checked on every rank alike, before anything is enqueued).
+void check_same_call(const std::vector<Entry>& in, int me) {
+  const Entry& a = in[me];
+  const bool has_op = a.coll == Coll::AllReduce || a.coll == Coll::ReduceScatter || a.coll == Coll::Reduce;
+  const bool has_root = a.coll == Coll::Broadcast || a.coll == Coll::Reduce;
+  for (int q = 0; q < static_cast<int>(in.size()); ++q) {
+    const Entry& b = in[q];
+    if (b.coll == a.coll && b.dtype == a.dtype && b.count == a.count && (!has_op || b.op == a.op) &&
+        (!has_root || b.root == a.root))
+      continue;
+    throw Error(chorusRemoteError, Subsys::Core,
+                cat("rank ", me, ": mismatched device collective: this rank called ", algo::coll_name(a.coll),
+                    " (count ", a.count, ", dtype ", dtype_name(a.dtype), ", op ", static_cast<int>(a.op), ", root ",
+                    a.root, "), rank ", q, " called ", algo::coll_name(b.coll), " (count ", b.count, ", dtype ",
+                    dtype_name(b.dtype), ", op ", static_cast<int>(b.op), ", root ", b.root, ")"));
   }
-  return e;
 }
 
-// Peers' buffers may be on other devices of this process: copies go by unified addressing (cudaMemcpyDefault),
-// reduction kernels need peer access to them.
+// Reductions read peers' buffers from kernels: every pair of devices involved must reach each other (the same
+// answer on every rank, so all fail alike before anything is enqueued).
+void check_peer_access(const std::vector<Entry>& in, int me) {
+  for (const Entry& a : in)
+    for (const Entry& b : in) {
+      if (a.device == b.device) continue;
+      int can = 0;
+      check(cudaDeviceCanAccessPeer(&can, a.device, b.device), "cudaDeviceCanAccessPeer");
+      if (!can)
+        throw Error(chorusNotSupported, Subsys::Core,
+                    cat("rank ", me, ": devices ", a.device, " and ", b.device,
+                        " cannot access each other's memory, which the device-direct reduction needs (set "
+                        "CHORUS_CUDA_DIRECT=0 to stage through host memory)"));
+    }
+}
+
+// Three events per communicator (kept in CommImpl::device_state, destroyed with it), reused call after call: a
+// peer's cudaStreamWaitEvent takes the record that was current when it was enqueued, and the rendezvous orders every
+// re-record after those. Made again when the communicator's calls move to another device.
+struct Events {
+  int device = -1;
+  cudaEvent_t ready = nullptr, mid = nullptr, done = nullptr;
+  ~Events() {
+    for (cudaEvent_t e : {ready, mid, done})
+      if (e != nullptr) cudaEventDestroy(e);
+  }
+};
+
+Events& events_of(CommImpl& comm, int device) {
+  auto* e = static_cast<Events*>(comm.device_state().get());
+  if (e != nullptr && e->device == device) return *e;
+  auto fresh = std::make_shared<Events>();
+  fresh->device = device;
+  check(cudaEventCreateWithFlags(&fresh->ready, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&fresh->mid, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&fresh->done, cudaEventDisableTiming), "cudaEventCreate");
+  comm.device_state() = fresh;
+  return *fresh;
+}
+
+// Makes the stream's device current for the call (kernels and events belong to it), and restores the caller's.
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (device != prev_) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~OnDevice() { cudaSetDevice(prev_); }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
 void copy_d2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
   if (bytes > 0 && dst != src) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
 }
@@ -196,9 +266,6 @@ void enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
   const size_t esz = dtype_size(a.dtype);
   const uint64_t id = comm.comm_id(), seq = comm.next_direct_seq();
   const int64_t timeout = comm.timeout_ms();
-  Events& ev = events_of(&comm);
-  int device = -1;
-  check(cudaGetDevice(&device), "cudaGetDevice");
   std::shared_ptr<Call> call = registry().join(id, seq, n);
   struct Leave {
     uint64_t id, seq;
@@ -206,11 +273,21 @@ void enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
     ~Leave() { registry().leave(id, seq, call); }
   } leave{id, seq, call};
   try {
-    // Phase 0: every rank's input is ready on its stream.
+    int device = -1;
+    check(cudaStreamGetDevice(s, &device), "cudaStreamGetDevice");
+    OnDevice on(device);
+    Events& ev = events_of(comm, device);
+    // Phase 0: every rank's input is ready on its stream; the calls are compared before anything is enqueued.
     check(cudaEventRecord(ev.ready, s), "cudaEventRecord");
-    const std::vector<Entry> in = arrive(
-        *call, 0, me, Entry{static_cast<const std::byte*>(a.send), static_cast<std::byte*>(a.recv), ev.ready, device},
-        timeout);
+    Entry mine{static_cast<const std::byte*>(a.send), static_cast<std::byte*>(a.recv), ev.ready, device};
+    mine.coll = a.coll;
+    mine.dtype = a.dtype;
+    mine.op = a.op;
+    mine.count = a.count;
+    mine.root = a.root;
+    const std::vector<Entry> in = arrive(*call, 0, me, mine, timeout);
+    check_same_call(in, me);
+    if (a.coll == Coll::AllReduce || a.coll == Coll::ReduceScatter || a.coll == Coll::Reduce) check_peer_access(in, me);
     auto* recv = static_cast<std::byte*>(a.recv);
     const auto* send = static_cast<const std::byte*>(a.send);
     bool two_phase = false;  // a reduce-scatter step, then copies of the peers' results
@@ -278,8 +355,9 @@ void enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
     const std::vector<Entry> done = arrive(*call, 2, me, Entry{send, recv, ev.done, device}, timeout);
     wait_peers(done, me, s);
   } catch (const Error& e) {
-    // Peers may be waiting in a phase this rank will not reach, or their streams wait for events recorded here:
-    // nothing later on this communicator can be trusted.
+    // Peers waiting in a phase this rank will not reach fail with this reason now, not at their timeout; their
+    // streams may wait for events recorded here: nothing later on this communicator can be trusted.
+    give_up(*call, e.what());
     comm.break_with(e);
     throw;
   }

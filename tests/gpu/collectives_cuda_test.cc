@@ -326,6 +326,23 @@ TEST(CudaCollectives, MixedOrUnsupportedBuffersAreClearErrors) {
   });
 }
 
+TEST(CudaCollectives, MismatchedCallsOnTheDirectPathAreReportedNotRun) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  World w(2);  // its own communicators: a mismatch breaks them
+  std::vector<cudaStream_t> streams = make_streams(2);
+  w.run([&](int r, chorusComm_t comm) {
+    DeviceBuffer buf(8192);
+    ASSERT_TRUE(buf.ok());
+    const size_t count = r == 0 ? 1000 : 2000;
+    EXPECT_EQ(chorusAllReduce(buf.get(), buf.get(), count, chorusFloat32, chorusSum, comm, streams[r]),
+              chorusRemoteError);
+    EXPECT_NE(std::string(chorusGetLastError(comm)).find("mismatched device collective"), std::string::npos)
+        << chorusGetLastError(comm);
+    EXPECT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+  });
+  destroy_streams(streams);
+}
+
 // Ranks as processes sharing the GPU (each process its own context and stream; device buffers staged through pinned
 // memory and the shm transport): tests/gpu/gpu_mp_worker.cc checks every rank's results and prints "gpu-mp: ok".
 TEST(CudaProcesses, TwoAndFourProcessesOnOneGpu) {

@@ -80,6 +80,7 @@ int run_type(chorusComm_t comm, cudaStream_t s, chorusDataType_t t) {
       for (size_t j = 0; j < count; ++j) in[j] = static_cast<T>(value(g_rank, j, op));
       T* recv = in_place ? dsend : drecv;
       CHECK_CUDA(cudaMemcpy(dsend, in.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaDeviceSynchronize());  // a pageable upload may still be in flight for a non-blocking stream
       CHECK_CHORUS(chorusAllReduce(dsend, recv, count, t, op, comm, s), comm);
       CHECK_CUDA(cudaStreamSynchronize(s));
       CHECK_CUDA(cudaMemcpy(out.data(), recv, count * sizeof(T), cudaMemcpyDeviceToHost));
@@ -87,6 +88,7 @@ int run_type(chorusComm_t comm, cudaStream_t s, chorusDataType_t t) {
       // reduce-scatter: block b of every rank's input reduced onto rank b
       for (size_t j = 0; j < count * n; ++j) in[j] = static_cast<T>(value(g_rank, j, op));
       CHECK_CUDA(cudaMemcpy(dsend, in.data(), count * n * sizeof(T), cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaDeviceSynchronize());  // a pageable upload may still be in flight for a non-blocking stream
       T* rs_out = in_place ? dsend + r * count : drecv;
       CHECK_CHORUS(chorusReduceScatter(dsend, rs_out, count, t, op, comm, s), comm);
       CHECK_CUDA(cudaStreamSynchronize(s));
@@ -98,6 +100,7 @@ int run_type(chorusComm_t comm, cudaStream_t s, chorusDataType_t t) {
     for (size_t j = 0; j < count; ++j) in[j] = static_cast<T>(value(g_rank, j, chorusSum));
     T* ag_in = in_place ? drecv + r * count : dsend;
     CHECK_CUDA(cudaMemcpy(ag_in, in.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaDeviceSynchronize());  // a pageable upload may still be in flight for a non-blocking stream
     CHECK_CHORUS(chorusAllGather(ag_in, drecv, count, t, comm, s), comm);
     CHECK_CUDA(cudaStreamSynchronize(s));
     CHECK_CUDA(cudaMemcpy(out.data(), drecv, count * n * sizeof(T), cudaMemcpyDeviceToHost));
@@ -105,6 +108,7 @@ int run_type(chorusComm_t comm, cudaStream_t s, chorusDataType_t t) {
       expect("all-gather", in_place, j, value(static_cast<int>(j / count), j % count, chorusSum), out[j]);
     const int root = g_n - 1;
     CHECK_CUDA(cudaMemcpy(dsend, in.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaDeviceSynchronize());  // a pageable upload may still be in flight for a non-blocking stream
     T* bc_out = in_place ? dsend : drecv;
     CHECK_CHORUS(chorusBroadcast(dsend, bc_out, count, t, root, comm, s), comm);
     CHECK_CUDA(cudaStreamSynchronize(s));

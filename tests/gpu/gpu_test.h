@@ -57,8 +57,11 @@ class DeviceBuffer {
   size_t bytes_;
 };
 
+// Synchronous for every stream: a cudaMemcpy from pageable memory may return before its DMA reached the device, and
+// work on a non-blocking stream would not wait for it.
 inline cudaError_t upload(void* dst, const void* src, size_t bytes) {
-  return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  return e != cudaSuccess ? e : cudaDeviceSynchronize();
 }
 inline cudaError_t download(void* dst, const void* src, size_t bytes) {
   return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
