@@ -598,39 +598,37 @@ chorusResult_t chorusIallToAll(const void* sendbuff, void* recvbuff, size_t coun
 }
 #undef CHORUS_ICOLL
 
+namespace {
+// The arguments of a non-blocking all-reduce, all-gather or reduce-scatter with options.
+CollArgs ex_args(algo::Coll coll, const void* send, void* recv, size_t count, chorusDataType_t dtype,
+                 chorusRedOp_t op) {
+  CollArgs a;
+  a.coll = coll;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.dtype = dtype;
+  a.op = op;
+  return a;
+}
+}  // namespace
+
 chorusResult_t chorusIallReduceEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                   chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
                                   chorusRequest_t* request) {
-  CollArgs a;
-  a.coll = algo::Coll::AllReduce;
-  a.send = sendbuff;
-  a.recv = recvbuff;
-  a.count = count;
-  a.dtype = datatype;
-  a.op = op;
-  return icollective_ex(comm, std::move(a), options, request);
+  return icollective_ex(comm, ex_args(algo::Coll::AllReduce, sendbuff, recvbuff, count, datatype, op), options,
+                        request);
 }
 chorusResult_t chorusIallGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
                                   const chorusCollOptions_t* options, chorusComm_t comm, chorusRequest_t* request) {
-  CollArgs a;
-  a.coll = algo::Coll::AllGather;
-  a.send = sendbuff;
-  a.recv = recvbuff;
-  a.count = sendcount;
-  a.dtype = datatype;
-  return icollective_ex(comm, std::move(a), options, request);
+  return icollective_ex(comm, ex_args(algo::Coll::AllGather, sendbuff, recvbuff, sendcount, datatype, chorusSum),
+                        options, request);
 }
 chorusResult_t chorusIreduceScatterEx(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
                                       chorusRedOp_t op, const chorusCollOptions_t* options, chorusComm_t comm,
                                       chorusRequest_t* request) {
-  CollArgs a;
-  a.coll = algo::Coll::ReduceScatter;
-  a.send = sendbuff;
-  a.recv = recvbuff;
-  a.count = recvcount;
-  a.dtype = datatype;
-  a.op = op;
-  return icollective_ex(comm, std::move(a), options, request);
+  return icollective_ex(comm, ex_args(algo::Coll::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op), options,
+                        request);
 }
 
 chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,

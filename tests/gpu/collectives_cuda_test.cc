@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/cpu/float_types.h"
 #include "tests/common/process.h"
 #include "tests/common/world.h"
@@ -28,20 +29,7 @@ using test::World;
 // the default 8 connections (docs/cuda.md). Set before CUDA starts; touches no CUDA itself.
 [[maybe_unused]] const bool kMaxConnections = [] { return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
 
-size_t esize(chorusDataType_t t) {
-  switch (t) {
-    case chorusInt8:
-    case chorusUint8:
-    case chorusFloat8e4m3:
-    case chorusFloat8e5m2: return 1;
-    case chorusFloat16:
-    case chorusBfloat16: return 2;
-    case chorusInt32:
-    case chorusUint32:
-    case chorusFloat32: return 4;
-    default: return 8;
-  }
-}
+size_t esize(chorusDataType_t t) { return dtype_size(t); }
 
 bool is_float(chorusDataType_t t) {
   return t == chorusFloat16 || t == chorusBfloat16 || t == chorusFloat32 || t == chorusFloat64 ||
