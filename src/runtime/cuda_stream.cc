@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <link.h>
 
 #include <algorithm>
 #include <atomic>
@@ -177,13 +178,37 @@ WaitValue32Fn wait_value32() {
 
 using PointerGetAttributeFn = CUresult(CUDAAPI*)(void*, CUpointer_attribute, CUdeviceptr);
 
+int count_loaded(dl_phdr_info* info, size_t, void* out) {
+  *static_cast<unsigned long long*>(out) = info->dlpi_adds;  // objects loaded so far, on every entry
+  return 1;
+}
+
+int find_libcuda(dl_phdr_info* info, size_t, void* out) {
+  if (info->dlpi_name != nullptr && std::strstr(info->dlpi_name, "libcuda.so") != nullptr) {
+    *static_cast<bool*>(out) = true;
+    return 1;
+  }
+  return 0;
+}
+
 // The driver's cuPointerGetAttribute once libcuda is in the process, else null. A process that has not loaded
 // libcuda (the CUDA runtime loads it when first used) holds no device memory, and asking would load the driver and
-// may create a context on a GPU: host-only callers of a CUDA build must not pay for that on every call.
+// may create a context on a GPU: host-only callers of a CUDA build must not pay for that on every call. Looking for
+// libcuda costs a walk of the loaded objects, done again only when objects were loaded since the last look (the
+// loader's counter), so a host call pays one loader lock (dlopen with RTLD_NOLOAD would search the library path:
+// tens of microseconds).
 PointerGetAttributeFn pointer_get_attribute() {
   static std::atomic<PointerGetAttributeFn> fn{nullptr};
+  static std::atomic<unsigned long long> looked_at{~0ull};
   PointerGetAttributeFn f = fn.load(std::memory_order_acquire);
   if (f != nullptr) return f;
+  unsigned long long loaded = 0;
+  dl_iterate_phdr(count_loaded, &loaded);
+  if (loaded == looked_at.load(std::memory_order_acquire)) return nullptr;
+  bool found = false;
+  dl_iterate_phdr(find_libcuda, &found);
+  looked_at.store(loaded, std::memory_order_release);
+  if (!found) return nullptr;
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (lib == nullptr) return nullptr;
   f = reinterpret_cast<PointerGetAttributeFn>(dlsym(lib, "cuPointerGetAttribute"));
