@@ -287,7 +287,12 @@ void enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
     mine.root = a.root;
     const std::vector<Entry> in = arrive(*call, 0, me, mine, timeout);
     check_same_call(in, me);
-    if (a.coll == Coll::AllReduce || a.coll == Coll::ReduceScatter || a.coll == Coll::Reduce) check_peer_access(in, me);
+    if (a.coll == Coll::AllReduce || a.coll == Coll::ReduceScatter || a.coll == Coll::Reduce) {
+      check_peer_access(in, me);
+      enable_peer_access(in, device);
+    }
+    // All-reduce: rank q owns elements [off(q), off(q + 1)).
+    auto off = [&](int q) { return a.count * static_cast<size_t>(q) / static_cast<size_t>(n); };
     auto* recv = static_cast<std::byte*>(a.recv);
     const auto* send = static_cast<const std::byte*>(a.send);
     bool two_phase = false;  // a reduce-scatter step, then copies of the peers' results
@@ -312,7 +317,6 @@ void enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
       }
       case Coll::Reduce: {
         if (me == a.root) {
-          enable_peer_access(in, device);
           wait_peers(in, me, s);
           std::vector<const std::byte*> srcs;
           for (const Entry& e : in) srcs.push_back(e.send);
@@ -321,7 +325,6 @@ void enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
         break;
       }
       case Coll::ReduceScatter: {
-        enable_peer_access(in, device);
         wait_peers(in, me, s);
         std::vector<const std::byte*> srcs;
         for (const Entry& e : in) srcs.push_back(e.send + me * a.count * esz);
@@ -329,10 +332,8 @@ void enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
         break;
       }
       case Coll::AllReduce: {
-        // Rank q owns elements [off(q), off(q + 1)): it reduces them from every input into its output, then every
-        // rank copies each owner's result out of the owner's output.
-        auto off = [&](int q) { return a.count * static_cast<size_t>(q) / static_cast<size_t>(n); };
-        enable_peer_access(in, device);
+        // Each owner reduces its share from every input into its output, then every rank copies each owner's result
+        // out of the owner's output.
         wait_peers(in, me, s);
         std::vector<const std::byte*> srcs;
         for (const Entry& e : in) srcs.push_back(e.send + off(me) * esz);
@@ -346,7 +347,6 @@ void enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
       check(cudaEventRecord(ev.mid, s), "cudaEventRecord");
       const std::vector<Entry> mid = arrive(*call, 1, me, Entry{send, recv, ev.mid, device}, timeout);
       wait_peers(mid, me, s);
-      auto off = [&](int q) { return a.count * static_cast<size_t>(q) / static_cast<size_t>(n); };
       for (int q = 0; q < n; ++q)
         if (q != me) copy_d2d(recv + off(q) * esz, mid[q].recv + off(q) * esz, (off(q + 1) - off(q)) * esz, s);
     }

@@ -969,7 +969,7 @@ void decode_rotated(const Codec& c, uint32_t block, const std::byte* in, size_t 
 }  // namespace
 
 size_t encode(const Codec& c, const float* in, size_t count, std::byte* out, const EncodeCtx& ctx) {
-  validate(c);
+  const uint32_t block = block_elems(c);  // validates c
   if (count == 0) return 0;
   if (!in) fail(prefix(c) + "encode: in is null");
   if (!out) fail(prefix(c) + "encode: out is null");
@@ -984,18 +984,16 @@ size_t encode(const Codec& c, const float* in, size_t count, std::byte* out, con
     fail(prefix(c) + "encode: ctx.residual overlaps in or out");
   }
   const SrKey key = make_key(c, ctx);
-  const uint32_t block = block_elems(c);
   if (c.rotation) return encode_rotated(c, block, in, count, out, ctx.residual, key, ctx.first_elem);
   return encode_plain(c, block, in, count, out, ctx.residual, key, ctx.first_elem);
 }
 
 namespace {
 void decode_impl(const Codec& c, const std::byte* in, size_t count, float* out, bool acc, const char* what) {
-  validate(c);
+  const uint32_t block = block_elems(c);  // validates c
   if (count == 0) return;
   if (!in) fail(prefix(c) + what + ": in is null");
   if (!out) fail(prefix(c) + what + (acc ? ": acc is null" : ": out is null"));
-  const uint32_t block = block_elems(c);
   if (c.rotation) {
     decode_rotated(c, block, in, count, out, acc);
   } else {
