@@ -117,6 +117,8 @@ CODEC_BENCH_RHT(int8_b256_rht_encode_ef, CodecKind::Int8, 256, Op::EncodeEF);
 CODEC_BENCH_RHT(int8_b256_rht_decode_acc, CodecKind::Int8, 256, Op::DecodeAcc);
 CODEC_BENCH_RHT(int4_rht_encode, CodecKind::Int4, 0, Op::Encode);
 CODEC_BENCH_RHT(int4_rht_decode_acc, CodecKind::Int4, 0, Op::DecodeAcc);
+CODEC_BENCH_RHT(sign1_rht_encode_ef, CodecKind::Sign1, 0, Op::EncodeEF);
+CODEC_BENCH_RHT(sign1_rht_decode_acc, CodecKind::Sign1, 0, Op::DecodeAcc);
 CODEC_BENCH(int8_b32_encode, CodecKind::Int8, 32, Op::Encode);
 CODEC_BENCH(int8_b32_decode_acc, CodecKind::Int8, 32, Op::DecodeAcc);
 CODEC_BENCH(fp8_e4m3_encode, CodecKind::Fp8E4M3, 0, Op::Encode);

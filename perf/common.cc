@@ -139,7 +139,7 @@ const FlagSpec kFlags[] = {
     {'A', "algorithm", true, "algorithm for every call, by name as chorus-info lists them (default: the selector)"},
     {'Z', "compression", true,
      "codec for every call: int8[:block], fp8_e4m3, int4, sign1[:block], sign_vote (all_reduce, reduce_scatter, "
-     "all_gather; float), with ':rht' at the end for the randomized Hadamard rotation (int8, fp8_e4m3, int4). "
+     "all_gather; float), with ':rht' at the end for the randomized Hadamard rotation (int8, fp8_e4m3, int4, sign1). "
      "busbw is then effective (uncompressed bytes over time) and #wrong shows the relative L2 error against an "
      "fp64 reference"},
     {'h', "help", false, "print this help"},

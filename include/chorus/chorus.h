@@ -188,7 +188,7 @@ typedef struct {
   uint32_t block;          /* elements per scale; 0 = the codec's default */
   int stochastic_rounding; /* 1: unbiased rounding from Philox keyed on (seed, step, rank, element); int8/fp8/int4 */
   uint64_t seed;
-  uint64_t step; /* the training step: stochastic rounding draws fresh variates per step */
+  uint64_t step; /* the training step: stochastic rounding draws fresh variates, and rotation a fresh D, per step */
   /* Error feedback (quantize-once schedule only): a residual the caller owns and keeps between calls (save it with
    * a checkpoint), error_feedback_elems floats, zero-initialised before the first call. All-reduce of count
    * elements: 2 * count (the worker residual over the input, then the owner residual); reduce-scatter of recvcount:
@@ -196,10 +196,12 @@ typedef struct {
   float* error_feedback;
   size_t error_feedback_elems;
   /* 1: randomized Hadamard rotation of each record before quantizing (int8 with a power-of-two block, fp8_e4m3,
-   * int4; signs drawn from `seed`, equal on every rank): an outlier is spread over its record instead of setting
-   * its block's scale, so heavy-tailed data (gradients with outliers) quantizes about as well as normal data
-   * (Suresh et al. 2017, "Distributed mean estimation with limited communication"). Costs O(log block) flops per
-   * element on both sides. A message's last record shorter than a block (and so a rank's whole shard when it is
+   * int4, sign1 with a power-of-two block up to 4096; signs D drawn from (seed, step), equal on every rank): an
+   * outlier is spread over its record instead of setting its block's scale, so heavy-tailed data (gradients with
+   * outliers) quantizes about as well as normal data (Suresh et al. 2017, "Distributed mean estimation with limited
+   * communication"). With sign1 and error feedback, the fresh D of every step keeps the residual small when the
+   * gradient has a direction that persists over steps (docs/compression.md). Costs O(log block) flops per element
+   * on both sides. A message's last record shorter than a block (and so a rank's whole shard when it is
    * shorter than one block) is not rotated. A record holding a magnitude of 2^120 (1.3e36) or more cannot be rotated
    * within fp32 and decodes to NaN like a non-finite record. 0: none. */
   int rotation;
@@ -218,9 +220,9 @@ typedef struct {
   const char* algorithm;
   /* Compression of this call (all-reduce, reduce-scatter, all-gather), or NULL. With compression, `algorithm`
    * names a compressed schedule ("qonce", "qonce-flat", "ring", "hier") or is NULL for the default. Every rank must
-   * pass the same codec, block, rotation, seed (with rotation or stochastic rounding) and schedule: a mismatch is
-   * chorusRemoteError on every rank, naming both settings, and breaks the communicator (as any mismatched call
-   * does). An unsupported datatype (anything but float32) or op (prod, max, min, or avg with
+   * pass the same codec, block, rotation, seed and step (with rotation or stochastic rounding) and schedule: a
+   * mismatch is chorusRemoteError on every rank, naming both settings, and breaks the communicator (as any
+   * mismatched call does). An unsupported datatype (anything but float32) or op (prod, max, min, or avg with
    * sign_vote) is chorusInvalidArgument naming it. */
   const chorusCompression_t* compression;
 } chorusCollOptions_t;

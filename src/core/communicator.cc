@@ -604,10 +604,13 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
 }
 
 namespace {
-// The executor's view of a codec (kernels/cpu/codec.h) for one call: the rank and step key stochastic rounding.
+// The executor's view of a codec (kernels/cpu/codec.h) for one call: the rank and step key stochastic rounding, and
+// the step picks the rotation (a fresh D every step).
 class CpuWireCodec final : public WireCodec {
  public:
-  CpuWireCodec(const kernels::codec::Codec& c, uint32_t rank, uint64_t step) : c_(c), rank_(rank), step_(step) {}
+  CpuWireCodec(const kernels::codec::Codec& c, uint32_t rank, uint64_t step) : c_(c), rank_(rank), step_(step) {
+    if (c_.rotation) c_.seed = kernels::codec::rotation_seed_for_step(c.seed, step);
+  }
   size_t encoded_bytes(size_t elems) const override { return kernels::codec::encoded_bytes(c_, elems); }
   size_t block_elems() const override { return kernels::codec::record_elems(c_); }
   void encode(const float* in, size_t elems, std::byte* out, uint64_t first_elem) const override {
@@ -636,7 +639,7 @@ int32_t codec_fingerprint(const kernels::codec::Codec& c, uint64_t step) {
   const uint32_t block = kernels::codec::block_elems(c);
   uint64_t h = 0x9e3779b97f4a7c15ull;
   const bool seeded = c.stochastic_rounding || c.rotation;
-  for (uint64_t v : {uint64_t{block}, seeded ? c.seed : 0, c.stochastic_rounding ? step : 0}) {
+  for (uint64_t v : {uint64_t{block}, seeded ? c.seed : 0, seeded ? step : 0}) {
     h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h *= 0xbf58476d1ce4e5b9ull;
   }

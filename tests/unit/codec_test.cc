@@ -582,15 +582,22 @@ TEST(CodecStochastic, UnbiasedOverManySteps) {
 
 // ---- Error feedback over a gradient stream ----
 
+// The codec a collective uses at step t: with the rotation, D drawn from (seed, t).
+Codec at_step(Codec c, int t) {
+  if (c.rotation) c.seed = rotation_seed_for_step(c.seed, static_cast<uint64_t>(t));
+  return c;
+}
+
 // 100 steps of g_t = m + noise_t (a persistent direction plus step noise, unit variance each): the running sum of
 // the decoded values against the exact running sum (in double), with and without the residual.
-double stream_error(const Codec& c, bool ef, size_t n = 1 << 14, int steps = 100) {
+double stream_error(const Codec& codec, bool ef, size_t n = 1 << 14, int steps = 100) {
   const std::vector<float> mean = gaussian(n, 20);
   std::vector<float> res(n, 0.0f);
   std::vector<double> exact(n, 0.0), got(n, 0.0);
-  std::vector<std::byte> m(encoded_bytes(c, n));
+  std::vector<std::byte> m(encoded_bytes(codec, n));
   std::vector<float> y(n);
   for (int t = 0; t < steps; ++t) {
+    const Codec c = at_step(codec, t);
     std::vector<float> g = gaussian(n, 100 + static_cast<unsigned>(t));
     for (size_t i = 0; i < n; ++i) g[i] += mean[i];
     EncodeCtx ctx;
@@ -608,7 +615,7 @@ double stream_error(const Codec& c, bool ef, size_t n = 1 << 14, int steps = 100
     // rounding of each step's y = g + e and y - Q(y).
     std::vector<double> corrected(n);
     for (size_t i = 0; i < n; ++i) corrected[i] = got[i] + res[i];
-    EXPECT_LE(rel_l2(exact, corrected), 1e-5) << codec_name(c.kind);
+    EXPECT_LE(rel_l2(exact, corrected), 1e-5) << codec_name(codec.kind);
   }
   return rel_l2(exact, got);
 }
@@ -639,62 +646,73 @@ TEST(CodecErrorFeedback, Int8AndFp8TrackTheRunningSum) {
 // worker residual (whole buffer); the owner of shard j decode_accumulates the 4 messages, averages, and re-encodes
 // with its server residual (its shard); every rank decodes the owner's message. The running sum of that result
 // tracks the running sum of the exact average.
-TEST(CodecErrorFeedback, Sign1TwoLevelAcrossRanks) {
+double sign1_two_level_error(const Codec& c0, bool ef) {
   constexpr int kRanks = 4;
   const size_t shard = 4096, n = shard * kRanks;
-  const Codec c = make(CodecKind::Sign1, 1024);
-  auto run = [&](bool ef) {
-    std::vector<std::vector<float>> worker(kRanks, std::vector<float>(n, 0.0f));
-    std::vector<std::vector<float>> server(kRanks, std::vector<float>(shard, 0.0f));
-    const std::vector<float> mean = gaussian(n, 200);  // data parallel: every rank's gradient has the same mean
-    std::vector<double> exact(n, 0.0), got(n, 0.0);
-    const size_t mb = encoded_bytes(c, shard);
-    std::vector<std::byte> msgs(static_cast<size_t>(kRanks) * kRanks * mb), out(mb);
-    for (int t = 0; t < 100; ++t) {
-      for (int r = 0; r < kRanks; ++r) {
-        std::vector<float> g = gaussian(n, 1000 + static_cast<unsigned>(t * kRanks + r));
-        for (size_t i = 0; i < n; ++i) {
-          g[i] += mean[i];
-          exact[i] += g[i] / kRanks;
-        }
-        for (int j = 0; j < kRanks; ++j) {
-          EncodeCtx ctx;
-          ctx.residual = ef ? worker[r].data() + j * shard : nullptr;
-          encode(c, g.data() + j * shard, shard, &msgs[(static_cast<size_t>(r) * kRanks + j) * mb], ctx);
-        }
-      }
-      for (int j = 0; j < kRanks; ++j) {  // owner j
-        std::vector<float> acc(shard, 0.0f);
-        for (int r = 0; r < kRanks; ++r) {
-          decode_accumulate(c, &msgs[(static_cast<size_t>(r) * kRanks + j) * mb], shard, acc.data());
-        }
-        for (auto& v : acc) v /= kRanks;
-        EncodeCtx ctx;
-        ctx.residual = ef ? server[j].data() : nullptr;
-        encode(c, acc.data(), shard, out.data(), ctx);
-        std::vector<float> y(shard);
-        decode(c, out.data(), shard, y.data());
-        for (size_t i = 0; i < shard; ++i) got[j * shard + i] += y[i];
-      }
-    }
-    if (ef) {
-      // Two-level telescoping: sum of results = sum of exact averages - mean of the worker residuals - the server
-      // residual (up to fp32 rounding), which checks that each residual is updated where it should be.
-      std::vector<double> corrected(n);
+  std::vector<std::vector<float>> worker(kRanks, std::vector<float>(n, 0.0f));
+  std::vector<std::vector<float>> server(kRanks, std::vector<float>(shard, 0.0f));
+  const std::vector<float> mean = gaussian(n, 200);  // data parallel: every rank's gradient has the same mean
+  std::vector<double> exact(n, 0.0), got(n, 0.0);
+  const size_t mb = encoded_bytes(c0, shard);
+  std::vector<std::byte> msgs(static_cast<size_t>(kRanks) * kRanks * mb), out(mb);
+  for (int t = 0; t < 100; ++t) {
+    const Codec c = at_step(c0, t);
+    for (int r = 0; r < kRanks; ++r) {
+      std::vector<float> g = gaussian(n, 1000 + static_cast<unsigned>(t * kRanks + r));
       for (size_t i = 0; i < n; ++i) {
-        double w = 0;
-        for (int r = 0; r < kRanks; ++r) w += worker[r][i];
-        corrected[i] = got[i] + w / kRanks + server[i / shard][i % shard];
+        g[i] += mean[i];
+        exact[i] += g[i] / kRanks;
       }
-      EXPECT_LE(rel_l2(exact, corrected), 1e-5);
+      for (int j = 0; j < kRanks; ++j) {
+        EncodeCtx ctx;
+        ctx.residual = ef ? worker[r].data() + j * shard : nullptr;
+        encode(c, g.data() + j * shard, shard, &msgs[(static_cast<size_t>(r) * kRanks + j) * mb], ctx);
+      }
     }
-    return rel_l2(exact, got);
-  };
-  const double with = run(true), without = run(false);
-  // Two residuals each hold back part of the sum (the identity above), so the bound is looser than the one-level
-  // 3e-2: measured 4.0e-2 with block 1024 on this stream (2.9e-2 with block 64).
-  EXPECT_LE(with, 5e-2);
-  EXPECT_GE(without, 5 * with) << "with " << with << " without " << without;
+    for (int j = 0; j < kRanks; ++j) {  // owner j
+      std::vector<float> acc(shard, 0.0f);
+      for (int r = 0; r < kRanks; ++r) {
+        decode_accumulate(c, &msgs[(static_cast<size_t>(r) * kRanks + j) * mb], shard, acc.data());
+      }
+      for (auto& v : acc) v /= kRanks;
+      EncodeCtx ctx;
+      ctx.residual = ef ? server[j].data() : nullptr;
+      encode(c, acc.data(), shard, out.data(), ctx);
+      std::vector<float> y(shard);
+      decode(c, out.data(), shard, y.data());
+      for (size_t i = 0; i < shard; ++i) got[j * shard + i] += y[i];
+    }
+  }
+  if (ef) {
+    // Two-level telescoping: sum of results = sum of exact averages - mean of the worker residuals - the server
+    // residual (up to fp32 rounding), which checks that each residual is updated where it should be.
+    std::vector<double> corrected(n);
+    for (size_t i = 0; i < n; ++i) {
+      double w = 0;
+      for (int r = 0; r < kRanks; ++r) w += worker[r][i];
+      corrected[i] = got[i] + w / kRanks + server[i / shard][i % shard];
+    }
+    EXPECT_LE(rel_l2(exact, corrected), 1e-5);
+  }
+  return rel_l2(exact, got);
+}
+
+TEST(CodecErrorFeedback, Sign1TwoLevelAcrossRanks) {
+  // Without the rotation, a coordinate where the persistent mean is larger than the block's scale (L2 norm /
+  // sqrt(block)) falls behind every step, until the residuals have grown the scale up to the largest |mean| of the
+  // block (about 3.5 sigma for 1024 Gaussian elements): two residuals that size hold back about 4e-2 of the sum.
+  // A fresh rotation every step moves the mean onto other coordinates each step, and the residuals stay small.
+  const Codec plain = make(CodecKind::Sign1, 1024);
+  Codec rot = plain;
+  rot.rotation = true;
+  const double plain_with = sign1_two_level_error(plain, true), plain_without = sign1_two_level_error(plain, false);
+  const double rot_with = sign1_two_level_error(rot, true), rot_without = sign1_two_level_error(rot, false);
+  std::printf("1-bit two-level, running sum after 100 steps: %.2e with feedback, %.2e without; rotated %.2e, %.2e\n",
+              plain_with, plain_without, rot_with, rot_without);
+  EXPECT_LE(rot_with, 3e-2);
+  EXPECT_GE(rot_without, 5 * rot_with);
+  EXPECT_LE(plain_with, 5e-2);
+  EXPECT_GE(plain_without, 5 * plain_with);
 }
 
 // ---- Majority vote ----
@@ -802,8 +820,8 @@ TEST(CodecRotation, DeterministicPerSeedAndExactForZeros) {
   EXPECT_EQ(enc(rotated(CodecKind::Int8, 0, 1), x), enc(rotated(CodecKind::Int8, 0, 1), x));
   EXPECT_NE(enc(rotated(CodecKind::Int8, 0, 1), x), enc(rotated(CodecKind::Int8, 0, 2), x));
   const std::vector<float> zeros(1000, 0.0f);
-  for (CodecKind k : {CodecKind::Int8, CodecKind::Fp8E4M3, CodecKind::Int4}) {
-    const Codec c = rotated(k);
+  for (CodecKind k : {CodecKind::Int8, CodecKind::Fp8E4M3, CodecKind::Int4, CodecKind::Sign1}) {
+    const Codec c = rotated(k, k == CodecKind::Sign1 ? 256 : 0);
     for (float v : dec(c, enc(c, zeros), zeros.size())) ASSERT_EQ(v, 0.0f) << codec_name(k);
   }
 }
@@ -868,7 +886,10 @@ TEST(CodecRotation, MagnitudesTooLargeToRotateDecodeToNaNInsteadOfWrongValues) {
 }
 
 TEST(CodecRotation, OnlyForScaledCodecsAndPowerOfTwoBlocks) {
-  expect_invalid([] { validate(rotated(CodecKind::Sign1)); }, "rotation");
+  validate(rotated(CodecKind::Sign1));  // block 2048
+  validate(rotated(CodecKind::Sign1, 4096));
+  expect_invalid([] { validate(rotated(CodecKind::Sign1, 8192)); }, "power of two up to 4096");
+  expect_invalid([] { validate(rotated(CodecKind::Sign1, 96)); }, "power of two up to 4096");
   expect_invalid([] { validate(rotated(CodecKind::SignVote)); }, "rotation");
   expect_invalid([] { validate(rotated(CodecKind::Int8, 96)); }, "power of two");
   validate(make(CodecKind::Int8, 96));  // without the rotation any multiple of 32

@@ -53,6 +53,8 @@ constexpr uint32_t kNaNBits = 0x7fc00000u;
 constexpr float kRoundMagic = 0x1.8p23f;  // adding it rounds |v| < 2^22 to an integer, nearest-even
 
 constexpr uint32_t kInt8MaxBlock = 1024;
+// The longest record the Hadamard rotation takes (sign1 blocks up to 4096; every int8 block).
+constexpr uint32_t kRotationMaxRecord = 4096;
 constexpr uint32_t kSign1MaxBlock = uint32_t{1} << 30;
 constexpr uint32_t kMxBlock = 32;   // OCP MX: k = 32 elements per shared scale
 constexpr size_t kFp8Record = 128;  // 4 MX blocks: 4 E8M0 bytes make the record's scales 4-byte aligned
@@ -717,17 +719,18 @@ CHORUS_CODEC_CLONES void vote_accumulate_impl(const std::byte* in, size_t count,
 
 // ---- Randomized Hadamard rotation (Codec::rotation) ----
 
-// 2^120 as fp32 bits: the largest magnitude a record may hold to be rotated (sqrt(1024) * 2^120 < FLT_MAX).
+// 2^120 as fp32 bits: the largest magnitude a record may hold to be rotated (sqrt(4096) * 2^120 < FLT_MAX).
 constexpr uint32_t kRotationLimitBits = 0x7B800000u;
 
-// The diagonal D as +-1.0f for each position of a record of up to kInt8MaxBlock elements, drawn from the seed
-// alone (bit i % 64 of word i / 64 of a SplitMix64 stream), so every rank and both ends agree.
+// The diagonal D as +-1.0f for each position of a record of `n` <= kRotationMaxRecord elements (n a multiple of
+// 64), drawn from the seed alone (bit i % 64 of word i / 64 of a SplitMix64 stream), so every rank and both ends
+// agree; position i's sign does not depend on n.
 struct RotationSigns {
-  alignas(64) float sign[kInt8MaxBlock];
+  alignas(64) float sign[kRotationMaxRecord];
 };
 
-void rotation_signs(uint64_t seed, RotationSigns& s) {
-  for (size_t w = 0; w < kInt8MaxBlock / 64; ++w) {
+void rotation_signs(uint64_t seed, RotationSigns& s, size_t n) {
+  for (size_t w = 0; w < (n + 63) / 64; ++w) {
     const uint64_t bits = mix64(seed ^ mix64(0x5248545f7369676eull + w));
     for (size_t b = 0; b < 64; ++b) s.sign[w * 64 + b] = (bits >> b) & 1 ? -1.0f : 1.0f;
   }
@@ -833,11 +836,15 @@ void validate(const Codec& c) {
   if (c.stochastic_rounding && (c.kind == CodecKind::Sign1 || c.kind == CodecKind::SignVote)) {
     fail(prefix(c) + "stochastic_rounding applies to int8, fp8_e4m3 and int4 only");
   }
-  if (c.rotation && (c.kind == CodecKind::Sign1 || c.kind == CodecKind::SignVote)) {
-    fail(prefix(c) + "rotation applies to int8, fp8_e4m3 and int4 only (a sign keeps no magnitude to spread)");
+  if (c.rotation && c.kind == CodecKind::SignVote) {
+    fail(prefix(c) + "rotation applies to int8, fp8_e4m3, int4 and sign1 only (a vote keeps no magnitude)");
   }
   if (c.rotation && c.kind == CodecKind::Int8 && (b & (b - 1)) != 0) {
     fail(prefix(c) + cat("block ", b, " is not a power of two: the Hadamard rotation needs 32, 64, ..., 1024"));
+  }
+  if (c.rotation && c.kind == CodecKind::Sign1 && ((b & (b - 1)) != 0 || b > kRotationMaxRecord)) {
+    fail(prefix(c) + cat("block ", b, " is not a power of two up to ", kRotationMaxRecord,
+                         ": the Hadamard rotation needs 32, 64, ..., ", kRotationMaxRecord, " (0 = 2048)"));
   }
 }
 
@@ -916,8 +923,8 @@ size_t encode_rotated(const Codec& c, uint32_t block, const float* in, size_t co
   const size_t rec = record_elems(c), rec_bytes = record_bytes(c.kind, rec);
   const size_t full = count / rec * rec;
   RotationSigns signs;
-  rotation_signs(c.seed, signs);
-  alignas(64) float y[kInt8MaxBlock], z[kInt8MaxBlock];
+  rotation_signs(c.seed, signs, rec);
+  alignas(64) float y[kRotationMaxRecord], z[kRotationMaxRecord];
   size_t bad = 0;
   for (size_t i = 0; i < full; i += rec) {
     const float* yp = in + i;
@@ -951,8 +958,8 @@ void decode_rotated(const Codec& c, uint32_t block, const std::byte* in, size_t 
   const size_t rec = record_elems(c), rec_bytes = record_bytes(c.kind, rec);
   const size_t full = count / rec * rec;
   RotationSigns signs;
-  rotation_signs(c.seed, signs);
-  alignas(64) float z[kInt8MaxBlock];
+  rotation_signs(c.seed, signs, rec);
+  alignas(64) float z[kRotationMaxRecord];
   for (size_t i = 0; i < full; i += rec) {
     decode_plain(c, block, in, rec, z, false);
     rotate_inverse(signs, z, rec);
@@ -967,6 +974,8 @@ void decode_rotated(const Codec& c, uint32_t block, const std::byte* in, size_t 
 }
 
 }  // namespace
+
+uint64_t rotation_seed_for_step(uint64_t seed, uint64_t step) { return mix64(seed ^ mix64(step ^ 0x524f54415445ull)); }
 
 size_t encode(const Codec& c, const float* in, size_t count, std::byte* out, const EncodeCtx& ctx) {
   const uint32_t block = block_elems(c);  // validates c

@@ -38,7 +38,8 @@
 // and decodes to exact zeros.
 //
 // Thread-safety: every function is pure apart from its output arguments; concurrent calls on disjoint outputs are
-// safe. Nothing allocates heap memory; encode uses about 12 KiB of stack (stochastic rounding's draws).
+// safe. Nothing allocates heap memory; encode uses up to about 64 KiB of stack (stochastic rounding's draws, and a
+// rotated record with its signs).
 #pragma once
 
 #include <chorus/chorus.h>
@@ -70,15 +71,18 @@ struct Codec {
   uint32_t block = 0;
   bool stochastic_rounding = false;  // int8, fp8_e4m3, int4 only
   uint64_t seed = 0;                 // stochastic rounding key (with the rank); the rotation's signs
-  // Randomized Hadamard rotation (int8, fp8_e4m3, int4): each whole record of R = record_elems() elements (a power
-  // of two: int8 blocks 32, 64, ..., 1024) is quantized as z = H D y / sqrt(R) and decoded as y' = D H z' / sqrt(R),
-  // where H is the R x R Walsh-Hadamard matrix and D a diagonal of +-1 drawn from `seed` (the same on every rank).
-  // The rotation is orthonormal, so the squared error is unchanged in total, but an outlier is spread over the
-  // record instead of setting its block's scale: on heavy-tailed data the error falls to about that of normal data
-  // (Suresh et al. 2017, "Distributed mean estimation with limited communication"; the same preconditioning as
-  // QuaRot, Ashkboos et al. 2024). A shorter last record is quantized unrotated. Costs O(log R) operations per
-  // element on each side; a non-finite value makes its whole record NaN, and so does a magnitude of 2^120 or more
-  // (a rotated value can reach the record's L2 norm, which must stay below FLT_MAX); both count as non-finite.
+  // Randomized Hadamard rotation (int8, fp8_e4m3, int4, sign1): each whole record of R = record_elems() elements
+  // (a power of two: int8 blocks 32, 64, ..., 1024; sign1 blocks 32, ..., 4096) is quantized as z = H D y / sqrt(R)
+  // and decoded as y' = D H z' / sqrt(R), where H is the R x R Walsh-Hadamard matrix and D a diagonal of +-1 drawn
+  // from `seed` (the same on every rank). The rotation is orthonormal, so the squared error is unchanged in total,
+  // but an outlier is spread over the record instead of setting its block's scale: on heavy-tailed data the error
+  // falls to about that of normal data (Suresh et al. 2017, "Distributed mean estimation with limited
+  // communication"; the same preconditioning as QuaRot, Ashkboos et al. 2024). A collective draws D afresh every
+  // step (the seed mixed with chorusCompression_t::step), which matters for error feedback with sign1: a direction
+  // that persists over steps lands on other coordinates each step, so no coordinate's residual has to grow until
+  // the block's scale reaches it. A shorter last record is quantized unrotated. Costs O(log R) operations per element
+  // on each side; a non-finite value makes its whole record NaN, and so does a magnitude of 2^120 or more (a rotated
+  // value can reach the record's L2 norm, which must stay below FLT_MAX); both count as non-finite.
   bool rotation = false;
 };
 
@@ -91,6 +95,10 @@ struct EncodeCtx {
   uint32_t rank = 0;        // stochastic rounding key: the encoding rank
   uint64_t first_elem = 0;  // stochastic rounding counter: index of in[0] in the rank's buffer
 };
+
+// The seed a collective's codec draws its rotation from at training step `step` (Codec::rotation): a mix of both,
+// so each step gets another D, and every rank that passes the same (seed, step) the same one.
+uint64_t rotation_seed_for_step(uint64_t seed, uint64_t step);
 
 // Throws chorus::Error(chorusInvalidArgument, Kernels) naming the bad field (kind, block, stochastic_rounding).
 void validate(const Codec& c);
