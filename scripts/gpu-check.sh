@@ -56,12 +56,22 @@ ninja -C "$build" -j "$jobs" "${targets[@]}" > "$build.build.log" 2>&1 \
   || { tail -n 60 "$build.build.log"; die "build failed (last lines above; full log $build.build.log)"; }
 echo "built: ${targets[*]}"
 
-step "GPU test suite (chorus_gpu_tests)"
+# Every step below has a time limit, and a failed or hung step does not stop the later ones: one run on a lent GPU
+# must report as much as it can. The exit status is that of the first failure.
+failed=""
+fail_later() { echo "gpu-check: FAILED: $*" >&2; [ -n "$failed" ] || failed="$*"; }
+
+step "GPU test suite (chorus_gpu_tests, at most ${SUITE_TIMEOUT:-300} s)"
 set +e
-"$build/chorus_gpu_tests" 2>&1 | tee "$build.gpu-tests.log" | grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Failure|Skipped|error'
+timeout -k 10 "${SUITE_TIMEOUT:-300}" "$build/chorus_gpu_tests" 2>&1 | tee "$build.gpu-tests.log" \
+  | grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED|RUN) *\]|Failure|Skipped|error'
 rc=${PIPESTATUS[0]}
 set -e
-[ "$rc" = 0 ] || die "GPU tests failed (exit $rc; full log $build.gpu-tests.log)"
+if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+  fail_later "GPU tests timed out after ${SUITE_TIMEOUT:-300} s (the last [ RUN ] above hung; log $build.gpu-tests.log)"
+elif [ "$rc" != 0 ]; then
+  fail_later "GPU tests failed (exit $rc; full log $build.gpu-tests.log)"
+fi
 if grep -q "^\[  SKIPPED \]" "$build.gpu-tests.log"; then
   die "GPU tests were skipped: the test process sees no usable CUDA device"
 fi
@@ -72,19 +82,21 @@ if [ -z "$sanitizer" ] && [ -x "$(dirname "$(command -v nvcc)")/compute-sanitize
   sanitizer="$(dirname "$(command -v nvcc)")/compute-sanitizer"
 fi
 if [ -n "$sanitizer" ]; then
-  "$sanitizer" --tool memcheck --error-exitcode 3 "$build/chorus_gpu_tests" --gtest_brief=1 \
+  timeout -k 10 120 "$sanitizer" --tool memcheck --error-exitcode 3 "$build/chorus_gpu_tests" --gtest_brief=1 \
     --gtest_filter='CudaCodec.UnalignedFloatBuffersMatchCpu:CudaReduce.InPlaceMatchesCpu:CudaCollectives.TheHostDoesNotWaitForTheStream' \
-    || die "compute-sanitizer memcheck reported errors"
+    || fail_later "compute-sanitizer memcheck reported errors or timed out"
 else
   echo "compute-sanitizer not found: memcheck not run"
 fi
 
 step "kernel benchmark (bench_cuda_kernels ${bench_args[*]:-})"
-"$build/perf/bench_cuda_kernels" "${bench_args[@]}" || die "benchmark failed"
+timeout -k 10 120 "$build/perf/bench_cuda_kernels" "${bench_args[@]}" || fail_later "kernel benchmark failed"
 
 step "collectives on device buffers at 1, 2, 4, 8 thread-ranks (bench_cuda_collectives)"
-"$build/perf/bench_cuda_collectives" --max-bytes "${COLL_MAX_BYTES:-268435456}" || die "collective benchmark failed"
-echo "not measured: the cuda_ipc and copy_engine transports and ranks as processes on one GPU (not built yet);"
-echo "device buffers above are staged through pinned host memory."
+timeout -k 10 180 "$build/perf/bench_cuda_collectives" --max-bytes "${COLL_MAX_BYTES:-268435456}" \
+  || fail_later "collective benchmark failed"
+echo "not measured: ranks as processes on one GPU over CUDA IPC (not built yet: processes stage through pinned"
+echo "host memory)."
 
+[ -z "$failed" ] || die "$failed"
 step "done"

@@ -18,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/reduce.cuh"
+#include "runtime/cuda_stream.h"
 
 namespace chorus::cuda_local {
 namespace {
@@ -182,21 +183,6 @@ Events& events_of(CommImpl& comm, int device) {
   return *fresh;
 }
 
-// Makes the stream's device current for the call (kernels and events belong to it), and restores the caller's.
-class OnDevice {
- public:
-  explicit OnDevice(int device) {
-    check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (device != prev_) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~OnDevice() { cudaSetDevice(prev_); }
-  OnDevice(const OnDevice&) = delete;
-  OnDevice& operator=(const OnDevice&) = delete;
-
- private:
-  int prev_ = 0;
-};
-
 void copy_d2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
   if (bytes > 0 && dst != src) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
 }
@@ -273,9 +259,8 @@ void enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
     ~Leave() { registry().leave(id, seq, call); }
   } leave{id, seq, call};
   try {
-    int device = -1;
-    check(cudaStreamGetDevice(s, &device), "cudaStreamGetDevice");
-    OnDevice on(device);
+    const int device = cuda_stream::stream_device(user_stream);
+    cuda_stream::OnDevice on(device);
     Events& ev = events_of(comm, device);
     // Phase 0: every rank's input is ready on its stream; the calls are compared before anything is enqueued.
     check(cudaEventRecord(ev.ready, s), "cudaEventRecord");

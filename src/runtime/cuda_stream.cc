@@ -17,6 +17,7 @@
 
 #include "core/communicator.h"
 #include "core/error.h"
+#include "kernels/cuda/host_flag.cuh"
 #include "runtime/cuda_local.h"
 
 namespace chorus::cuda_stream {
@@ -32,12 +33,12 @@ void check(cudaError_t e, const char* what) {
 }
 
 // Pinned host memory for one call's buffers, and its completion flag (pinned, mapped into the device's address
-// space: the stream waits on it).
+// space: a one-thread kernel on the stream waits for it, kernels/cuda/host_flag.cuh).
 struct Staging {
   std::byte* host = nullptr;
   size_t capacity = 0;
   uint32_t* flag = nullptr;
-  CUdeviceptr flag_dev = 0;
+  const uint32_t* flag_dev = nullptr;  // the flag's device address
 };
 
 // Lets this thread make calls that stream capture would refuse (allocations, pointer queries) while a graph is
@@ -89,7 +90,7 @@ class Pool {
       cudaFreeHost(flag);
       cuda_fail(e, "cudaHostGetDevicePointer (completion flag)");
     }
-    s->flag_dev = reinterpret_cast<CUdeviceptr>(dev);
+    s->flag_dev = static_cast<const uint32_t*>(dev);
     return s.release();
   }
 
@@ -155,27 +156,6 @@ void CUDART_CB release_call(void* p) {
   delete op;
 }
 
-using WaitValue32Fn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-
-// cuStreamWaitValue32 from the driver, looked up through the runtime (libchorus does not link libcuda).
-WaitValue32Fn wait_value32() {
-  static const WaitValue32Fn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<WaitValue32Fn>(nullptr);
-    }
-    return reinterpret_cast<WaitValue32Fn>(p);
-  }();
-  if (fn == nullptr)
-    throw Error(chorusNotSupported, Subsys::Core,
-                "stream: stream-ordered collectives need the CUDA driver's cuStreamWaitValue32 (stream memory "
-                "operations), and none was found (no GPU driver, or one older than CUDA 12)");
-  return fn;
-}
-
 using PointerGetAttributeFn = CUresult(CUDAAPI*)(void*, CUpointer_attribute, CUdeviceptr);
 
 int count_loaded(dl_phdr_info* info, size_t, void* out) {
@@ -220,6 +200,19 @@ PointerGetAttributeFn pointer_get_attribute() {
 
 }  // namespace
 
+int stream_device(chorusStream_t stream) {
+  int device = -1;
+  check(cudaStreamGetDevice(reinterpret_cast<cudaStream_t>(stream), &device), "cudaStreamGetDevice");
+  return device;
+}
+
+OnDevice::OnDevice(int device) {
+  check(cudaGetDevice(&prev_), "cudaGetDevice");
+  if (device != prev_) check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+OnDevice::~OnDevice() { cudaSetDevice(prev_); }
+
 bool is_device_pointer(const void* p) {
   if (p == nullptr) return false;
   const PointerGetAttributeFn get = pointer_get_attribute();
@@ -253,7 +246,8 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
     cuda_local::enqueue(comm, a, user_stream);
     return;
   }
-  const WaitValue32Fn wait = wait_value32();
+  // The wait kernel (and the staging's pool) belong to the stream's device.
+  OnDevice on(stream_device(user_stream));
 
   // Staging geometry: an in-place call keeps its buffers' relative offsets (one region), else send then receive.
   const auto* s = static_cast<const std::byte*>(a.send);
@@ -299,9 +293,7 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
       check(cudaMemcpyAsync(st + d_off, d, ext.recv, cudaMemcpyDeviceToHost, stream), "staging in (recvbuff)");
     check(cudaLaunchHostFunc(stream, post_call, op.get()), "cudaLaunchHostFunc (post)");
     posted = true;
-    if (CUresult r = wait(reinterpret_cast<CUstream>(stream), op->staging->flag_dev, 1, CU_STREAM_WAIT_VALUE_EQ);
-        r != CUDA_SUCCESS)
-      throw Error(chorusUnhandledCudaError, Subsys::Core, cat("cuStreamWaitValue32 failed with CUresult ", r));
+    kernels::cuda::wait_host_flag(op->staging->flag_dev, 1, stream);
     if (ext.recv > 0) check(cudaMemcpyAsync(d, st + d_off, ext.recv, cudaMemcpyHostToDevice, stream), "staging out");
     if (capturing) {
       // The graph owns the call from here: its staging lives until the graph is destroyed.

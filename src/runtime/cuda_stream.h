@@ -7,8 +7,8 @@
 //   2. a host function posts the call, with buffers in the staging, to the communicator's worker thread, at the
 //      place in the communicator's order that the call took when it was issued (CommImpl::reserve / post); under
 //      graph capture the place is taken when the host function runs, once per replay;
-//   3. cuStreamWaitValue32 holds the stream until the worker writes the call's completion flag (pinned, mapped
-//      host memory), so no kernel spins and no SM is used while the network works;
+//   3. a one-thread kernel holds the stream until the worker writes the call's completion flag (pinned host memory
+//      mapped into the device; kernels/cuda/host_flag.cuh says why not cuStreamWaitValue32);
 //   4. cudaMemcpyAsync pinned staging -> device of what the rank receives;
 //   5. the staging goes back to a pool (a host function; under capture, the destructor of a CUDA user object that
 //      the graph holds, so the staging lives as long as the graph).
@@ -43,11 +43,27 @@ bool is_device_pointer(const void* p);
 
 // Enqueues the validated call `a` on `stream` (NULL: the legacy default stream). Its send and receive buffers must
 // both be device memory (or null where the rank does not use one). Throws chorusInvalidArgument for a mix of device
-// and host buffers or a device error-feedback residual, chorusNotSupported for point-to-point calls and where the
-// driver has no cuStreamWaitValue32, chorusUnhandledCudaError when CUDA fails before the call is committed to the
-// stream (nothing is enqueued then); a failure after that breaks the communicator (later calls fail with it).
+// and host buffers or a device error-feedback residual, chorusNotSupported for point-to-point calls,
+// chorusUnhandledCudaError when CUDA fails before the call is committed to the stream (nothing is enqueued then); a
+// failure after that breaks the communicator (later calls fail with it).
 // A call of count 0 does nothing.
 void enqueue(CommImpl& comm, CollArgs a, chorusStream_t stream);
+
+// The device that `stream` belongs to (NULL: the calling thread's current device). Throws chorusUnhandledCudaError.
+int stream_device(chorusStream_t stream);
+
+// Makes `device` the calling thread's current CUDA device for the object's lifetime (kernels, events and streams
+// belong to a device), then restores the previous one. Throws chorusUnhandledCudaError if it cannot be set.
+class OnDevice {
+ public:
+  explicit OnDevice(int device);
+  ~OnDevice();
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int prev_ = 0;
+};
 
 }  // namespace cuda_stream
 }  // namespace chorus

@@ -7,16 +7,19 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/float_types.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cuda/host_flag.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "tests/gpu/gpu_test.h"
 
@@ -231,6 +234,42 @@ TEST(CudaReduce, OrderedOnTheCallersStream) {
   CHORUS_CUDA_OK(cudaStreamSynchronize(s));
   CHORUS_CUDA_OK(cudaStreamDestroy(s));
   for (size_t i = 0; i < n; i += 4097) ASSERT_EQ(got[i], 2.75f) << i;
+}
+
+// The staging path's wait (runtime/cuda_stream.cc): the stream's later work runs only after the host sets the flag,
+// and then promptly. A kernel that never saw the host's store fails here after 10 s instead of hanging the suite.
+TEST(CudaHostFlag, StreamWaitsUntilTheHostSetsTheFlag) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  void* host = nullptr;
+  CHORUS_CUDA_OK(cudaHostAlloc(&host, 64, cudaHostAllocPortable | cudaHostAllocMapped));
+  auto* flag = static_cast<uint32_t*>(host);
+  *flag = 0;
+  void* flag_dev = nullptr;
+  CHORUS_CUDA_OK(cudaHostGetDevicePointer(&flag_dev, host, 0));
+  DeviceBuffer d(4096);
+  ASSERT_TRUE(d.ok());
+  cudaStream_t s;
+  CHORUS_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t after;
+  CHORUS_CUDA_OK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+  CHORUS_CUDA_OK(cudaMemsetAsync(d.get(), 0, 4096, s));
+  cuda::wait_host_flag(static_cast<const uint32_t*>(flag_dev), 1, s);
+  CHORUS_CUDA_OK(cudaMemsetAsync(d.get(), 0x5a, 4096, s));
+  CHORUS_CUDA_OK(cudaEventRecord(after, s));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cudaEventQuery(after), cudaErrorNotReady) << "the stream did not wait for the flag";
+  __atomic_store_n(flag, 1u, __ATOMIC_RELEASE);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  cudaError_t q = cudaErrorNotReady;
+  while ((q = cudaEventQuery(after)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  ASSERT_EQ(q, cudaSuccess) << "the stream did not resume within 10 s of the host setting the flag";
+  std::vector<uint8_t> got(4096);
+  CHORUS_CUDA_OK(cudaMemcpy(got.data(), d.get(), 4096, cudaMemcpyDeviceToHost));
+  for (uint8_t v : got) ASSERT_EQ(v, 0x5a);
+  CHORUS_CUDA_OK(cudaEventDestroy(after));
+  CHORUS_CUDA_OK(cudaStreamDestroy(s));
+  CHORUS_CUDA_OK(cudaFreeHost(host));
 }
 
 // Argument errors are found on the host before anything is enqueued, so these run without a device.
