@@ -362,6 +362,16 @@ bool CommImpl::all_ranks_in_this_process() const {
   return true;
 }
 
+bool CommImpl::ranks_are_processes_on_this_host() const {
+  std::vector<uint64_t> tokens;
+  for (const PeerInfo& p : peers_) {
+    if (p.host_id != peers_[rank_].host_id) return false;
+    tokens.push_back(p.process_token);
+  }
+  std::sort(tokens.begin(), tokens.end());
+  return std::adjacent_find(tokens.begin(), tokens.end()) == tokens.end();
+}
+
 void CommImpl::check_overlap(const CollArgs& a) const {
   // Buffers may overlap only in a collective's exact in-place form; anything else would read bytes it already wrote.
   if (a.send == nullptr || a.recv == nullptr) return;

@@ -127,6 +127,8 @@ class CommImpl {
   // communicator's id (equal on every rank), the next number of a call that bypasses the program executor (equal
   // on every rank for the same call), and the timeout for waiting on peers (milliseconds).
   bool all_ranks_in_this_process() const;
+  // Whether every rank is on this host and each in a process of its own (the device-direct path over CUDA IPC).
+  bool ranks_are_processes_on_this_host() const;
   uint64_t comm_id() const { return comm_id_; }
   uint64_t next_direct_seq() { return direct_seq_++; }
   // State the device-direct path keeps per communicator (its CUDA events), released with the communicator.

@@ -41,9 +41,9 @@ constexpr ParamInfo kParams[] = {
      "RC queue pairs per ibverbs connection (1..16); slices are spread over them in turn. Must agree on every "
      "rank."},
     {Param::CudaDirect, "CHORUS_CUDA_DIRECT", "int", "1",
-     "CUDA builds: 1 lets collectives on device buffers among ranks that are threads of one process read each "
-     "other's device memory directly (copies and reduction kernels, docs/cuda.md); 0 stages them through pinned "
-     "host memory like every other call. Must agree on every rank."},
+     "CUDA builds: 1 lets collectives on device buffers among ranks that are threads of one process, or processes "
+     "on one GPU (through CUDA IPC), read each other's device memory directly (copies and reduction kernels, "
+     "docs/cuda.md); 0 stages them through pinned host memory like every other call. Must agree on every rank."},
     {Param::SliceBytes, "CHORUS_SLICE_BYTES", "size", "256K",
      "Pipelining unit: bytes per message on a connection (and per FIFO slot)."},
     {Param::FifoDepth, "CHORUS_FIFO_DEPTH", "int", "4",

@@ -1,11 +1,14 @@
 // The device-direct path for ranks as threads of one process: see cuda_local.h.
 #include "runtime/cuda_local.h"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -161,24 +164,41 @@ void check_peer_access(const std::vector<Entry>& in, int me) {
 
 // Three events per communicator (kept in CommImpl::device_state, destroyed with it), reused call after call: a
 // peer's cudaStreamWaitEvent takes the record that was current when it was enqueued, and the rendezvous orders every
-// re-record after those. Made again when the communicator's calls move to another device.
+// re-record after those. Made again when the communicator's calls move to another device. Ranks that are processes
+// create them interprocess and keep what they opened of their peers: mapped buffers and events.
 struct Events {
   int device = -1;
+  bool interprocess = false;
   cudaEvent_t ready = nullptr, mid = nullptr, done = nullptr;
+  cudaIpcEventHandle_t ready_h{}, mid_h{}, done_h{};
+  unsigned char uuid[16] = {};                // the device's UUID: ranks compare it to know they share the GPU
+  std::map<std::string, void*> mapped;        // (peer, allocation handle) -> its base mapped here
+  std::map<std::string, cudaEvent_t> opened;  // (peer, event handle) -> the event opened here
   ~Events() {
+    for (auto& [key, base] : mapped) cudaIpcCloseMemHandle(base);
+    for (auto& [key, e] : opened) cudaEventDestroy(e);
     for (cudaEvent_t e : {ready, mid, done})
       if (e != nullptr) cudaEventDestroy(e);
   }
 };
 
-Events& events_of(CommImpl& comm, int device) {
+Events& events_of(CommImpl& comm, int device, bool interprocess) {
   auto* e = static_cast<Events*>(comm.device_state().get());
-  if (e != nullptr && e->device == device) return *e;
+  if (e != nullptr && e->device == device && e->interprocess == interprocess) return *e;
   auto fresh = std::make_shared<Events>();
   fresh->device = device;
-  check(cudaEventCreateWithFlags(&fresh->ready, cudaEventDisableTiming), "cudaEventCreate");
-  check(cudaEventCreateWithFlags(&fresh->mid, cudaEventDisableTiming), "cudaEventCreate");
-  check(cudaEventCreateWithFlags(&fresh->done, cudaEventDisableTiming), "cudaEventCreate");
+  fresh->interprocess = interprocess;
+  const unsigned flags = cudaEventDisableTiming | (interprocess ? cudaEventInterprocess : 0u);
+  for (cudaEvent_t* ev : {&fresh->ready, &fresh->mid, &fresh->done})
+    check(cudaEventCreateWithFlags(ev, flags), "cudaEventCreate");
+  if (interprocess) {
+    check(cudaIpcGetEventHandle(&fresh->ready_h, fresh->ready), "cudaIpcGetEventHandle");
+    check(cudaIpcGetEventHandle(&fresh->mid_h, fresh->mid), "cudaIpcGetEventHandle");
+    check(cudaIpcGetEventHandle(&fresh->done_h, fresh->done), "cudaIpcGetEventHandle");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    std::memcpy(fresh->uuid, &prop.uuid, sizeof(fresh->uuid));
+  }
   comm.device_state() = fresh;
   return *fresh;
 }
@@ -223,10 +243,297 @@ void reduce_from_peers(const kernels::ReduceSpec& spec, std::byte* dst, const st
   }
 }
 
+// Publishes `mine` for a phase and returns every rank's entry (their buffers and events usable here).
+using Exchange = std::function<std::vector<Entry>(int phase, const Entry& mine)>;
+
+// Enqueues the collective on `s` once phase 0 (`in`: every rank's buffers and "input ready" event) is known, and
+// the later phases through `exchange`.
+void run_schedule(CommImpl& comm, const CollArgs& a, cudaStream_t s, int device, Events& ev,
+                  const std::vector<Entry>& in, const Exchange& exchange) {
+  const int n = comm.nranks(), me = comm.rank();
+  const size_t esz = dtype_size(a.dtype);
+  // All-reduce: rank q owns elements [off(q), off(q + 1)).
+  auto off = [&](int q) { return a.count * static_cast<size_t>(q) / static_cast<size_t>(n); };
+  auto* recv = static_cast<std::byte*>(a.recv);
+  const auto* send = static_cast<const std::byte*>(a.send);
+  bool two_phase = false;  // a reduce-scatter step, then copies of the peers' results
+  switch (a.coll) {
+    case Coll::AllGather: {
+      const size_t b = a.count * esz;
+      wait_peers(in, me, s);
+      for (int q = 0; q < n; ++q) copy_d2d(recv + q * b, in[q].send, b, s);
+      break;
+    }
+    case Coll::AllToAll: {
+      const size_t b = a.count * esz;
+      wait_peers(in, me, s);
+      for (int q = 0; q < n; ++q) copy_d2d(recv + q * b, in[q].send + me * b, b, s);
+      break;
+    }
+    case Coll::Broadcast: {
+      const int root = a.root;
+      wait_peers(in, me, s, root);
+      copy_d2d(recv, in[root].send, a.count * esz, s);
+      break;
+    }
+    case Coll::Reduce: {
+      if (me == a.root) {
+        wait_peers(in, me, s);
+        std::vector<const std::byte*> srcs;
+        for (const Entry& e : in) srcs.push_back(e.send);
+        reduce_from_peers(comm.reduce_spec(a), recv, srcs, me, a.count, s);
+      }
+      break;
+    }
+    case Coll::ReduceScatter: {
+      wait_peers(in, me, s);
+      std::vector<const std::byte*> srcs;
+      for (const Entry& e : in) srcs.push_back(e.send + me * a.count * esz);
+      reduce_from_peers(comm.reduce_spec(a), recv, srcs, me, a.count, s);
+      break;
+    }
+    case Coll::AllReduce: {
+      // Each owner reduces its share from every input into its output, then every rank copies each owner's result
+      // out of the owner's output.
+      wait_peers(in, me, s);
+      std::vector<const std::byte*> srcs;
+      for (const Entry& e : in) srcs.push_back(e.send + off(me) * esz);
+      reduce_from_peers(comm.reduce_spec(a), recv + off(me) * esz, srcs, me, off(me + 1) - off(me), s);
+      two_phase = true;
+      break;
+    }
+    default: throw Error(chorusInternalError, Subsys::Core, "device-direct path: unexpected collective");
+  }
+  if (two_phase) {
+    check(cudaEventRecord(ev.mid, s), "cudaEventRecord");
+    const std::vector<Entry> mid = exchange(1, Entry{send, recv, ev.mid, device});
+    wait_peers(mid, me, s);
+    for (int q = 0; q < n; ++q)
+      if (q != me) copy_d2d(recv + off(q) * esz, mid[q].recv + off(q) * esz, (off(q + 1) - off(q)) * esz, s);
+  }
+  // Last phase: no rank's stream moves on while a peer may still read its buffers.
+  check(cudaEventRecord(ev.done, s), "cudaEventRecord");
+  const std::vector<Entry> done = exchange(2, Entry{send, recv, ev.done, device});
+  wait_peers(done, me, s);
+}
+
+Entry call_entry(const CollArgs& a, cudaEvent_t event, int device) {
+  Entry e{static_cast<const std::byte*>(a.send), static_cast<std::byte*>(a.recv), event, device};
+  e.coll = a.coll;
+  e.dtype = a.dtype;
+  e.op = a.op;
+  e.count = a.count;
+  e.root = a.root;
+  return e;
+}
+
+// ---- Ranks that are threads of this process: the in-process rendezvous ----
+
+void enqueue_threads(CommImpl& comm, const CollArgs& a, cudaStream_t s, int device) {
+  const int n = comm.nranks(), me = comm.rank();
+  const uint64_t id = comm.comm_id(), seq = comm.next_direct_seq();
+  const int64_t timeout = comm.timeout_ms();
+  std::shared_ptr<Call> call = registry().join(id, seq, n);
+  struct Leave {
+    uint64_t id, seq;
+    std::shared_ptr<Call> call;
+    ~Leave() { registry().leave(id, seq, call); }
+  } leave{id, seq, call};
+  try {
+    Events& ev = events_of(comm, device, false);
+    // Phase 0: every rank's input is ready on its stream; the calls are compared before anything is enqueued.
+    check(cudaEventRecord(ev.ready, s), "cudaEventRecord");
+    const std::vector<Entry> in = arrive(*call, 0, me, call_entry(a, ev.ready, device), timeout);
+    check_same_call(in, me);
+    if (a.coll == Coll::AllReduce || a.coll == Coll::ReduceScatter || a.coll == Coll::Reduce) {
+      check_peer_access(in, me);
+      enable_peer_access(in, device);
+    }
+    run_schedule(comm, a, s, device, ev, in,
+                 [&](int phase, const Entry& e) { return arrive(*call, phase, me, e, timeout); });
+  } catch (const Error& e) {
+    // Peers waiting in a phase this rank will not reach fail with this reason now, not at their timeout; their
+    // streams may wait for events recorded here: nothing later on this communicator can be trusted.
+    give_up(*call, e.what());
+    comm.break_with(e);
+    throw;
+  }
+}
+
+// ---- Ranks that are processes sharing one GPU: CUDA IPC ----
+
+// What a rank all-gathers at each phase (plain bytes): IPC handles of its buffers' allocations and of its event,
+// the call, and its device's UUID.
+struct Wire {
+  cudaIpcMemHandle_t send_h{}, recv_h{};
+  cudaIpcEventHandle_t event_h{};
+  uint64_t send_off = 0, recv_off = 0, count = 0;
+  unsigned char uuid[16] = {};
+  int32_t coll = 0, dtype = 0, op = 0, root = 0;
+  int32_t exported = 0;  // 1: both buffers (where used) have IPC handles
+};
+
+using MemGetAddressRangeFn = CUresult(CUDAAPI*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+// cuMemGetAddressRange from the driver (libchorus does not link libcuda): an IPC handle names a whole allocation.
+MemGetAddressRangeFn mem_get_address_range() {
+  static const MemGetAddressRangeFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<MemGetAddressRangeFn>(nullptr);
+    }
+    return reinterpret_cast<MemGetAddressRangeFn>(p);
+  }();
+  return fn;
+}
+
+// The IPC handle of the allocation holding `p` and p's offset in it; false where CUDA gives none (memory from a
+// stream-ordered pool or the virtual memory API has no legacy IPC handle).
+bool export_buffer(const void* p, cudaIpcMemHandle_t& h, uint64_t& off) {
+  if (p == nullptr) return true;
+  const MemGetAddressRangeFn range = mem_get_address_range();
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (range == nullptr || range(&base, &size, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;
+  if (cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  off = reinterpret_cast<uintptr_t>(p) - static_cast<uintptr_t>(base);
+  return true;
+}
+
+std::string key_of(int peer, const void* handle, size_t bytes) {
+  std::string k(reinterpret_cast<const char*>(&peer), sizeof(peer));
+  k.append(static_cast<const char*>(handle), bytes);
+  return k;
+}
+
+// Peer `q`'s buffer, mapped into this process once per allocation (kept until the communicator is destroyed; at
+// most kMaxMapped, after which the stream is synchronized and the mappings are closed).
+constexpr size_t kMaxMapped = 256;
+
+std::byte* map_peer(Events& ev, int q, const cudaIpcMemHandle_t& h, uint64_t off, cudaStream_t s) {
+  const std::string key = key_of(q, &h, sizeof(h));
+  auto it = ev.mapped.find(key);
+  if (it == ev.mapped.end()) {
+    if (ev.mapped.size() >= kMaxMapped) {
+      check(cudaStreamSynchronize(s), "cudaStreamSynchronize (before closing IPC mappings)");
+      for (auto& [k, base] : ev.mapped) cudaIpcCloseMemHandle(base);
+      ev.mapped.clear();
+    }
+    void* base = nullptr;
+    check(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
+          cat("cudaIpcOpenMemHandle (a buffer of rank ", q, ")").c_str());
+    it = ev.mapped.emplace(key, base).first;
+  }
+  return static_cast<std::byte*>(it->second) + off;
+}
+
+cudaEvent_t open_peer_event(Events& ev, int q, const cudaIpcEventHandle_t& h) {
+  const std::string key = key_of(q, &h, sizeof(h));
+  auto it = ev.opened.find(key);
+  if (it == ev.opened.end()) {
+    cudaEvent_t e = nullptr;
+    check(cudaIpcOpenEventHandle(&e, h), cat("cudaIpcOpenEventHandle (an event of rank ", q, ")").c_str());
+    it = ev.opened.emplace(key, e).first;
+  }
+  return it->second;
+}
+
+// All-gathers `mine` among the ranks through the communicator's host path (which times out and names a dead peer).
+std::vector<Wire> all_gather(CommImpl& comm, const Wire& mine) {
+  std::vector<Wire> all(static_cast<size_t>(comm.nranks()));
+  CollArgs g;
+  g.coll = Coll::AllGather;
+  g.send = &mine;
+  g.recv = all.data();
+  g.count = sizeof(Wire);
+  g.dtype = chorusUint8;
+  comm.validate(g);
+  comm.run_blocking(std::move(g));
+  return all;
+}
+
+// False when the call cannot take this path (a rank's buffer has no IPC handle, or the ranks are not all on one
+// GPU): every rank learns the same from phase 0 and stages the call instead.
+bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int device) {
+  const int n = comm.nranks(), me = comm.rank();
+  Events& ev = events_of(comm, device, true);
+  check(cudaEventRecord(ev.ready, s), "cudaEventRecord");
+  Wire mine;
+  mine.event_h = ev.ready_h;
+  std::memcpy(mine.uuid, ev.uuid, sizeof(mine.uuid));
+  mine.coll = static_cast<int32_t>(a.coll);
+  mine.dtype = a.dtype;
+  mine.op = a.op;
+  mine.root = a.root;
+  mine.count = a.count;
+  mine.exported =
+      export_buffer(a.send, mine.send_h, mine.send_off) && export_buffer(a.recv, mine.recv_h, mine.recv_off);
+  const std::vector<Wire> w0 = all_gather(comm, mine);
+  std::vector<Entry> in(static_cast<size_t>(n));
+  bool usable = true;
+  for (int q = 0; q < n; ++q) {
+    const Wire& x = w0[q];
+    in[q].coll = static_cast<Coll>(x.coll);
+    in[q].dtype = static_cast<chorusDataType_t>(x.dtype);
+    in[q].op = static_cast<chorusRedOp_t>(x.op);
+    in[q].count = x.count;
+    in[q].root = x.root;
+    usable = usable && x.exported == 1 && std::memcmp(x.uuid, ev.uuid, sizeof(ev.uuid)) == 0;
+  }
+  check_same_call(in, me);
+  if (!usable) return false;
+  try {
+    const auto* send = static_cast<const std::byte*>(a.send);
+    auto* recv = static_cast<std::byte*>(a.recv);
+    auto wire_entry = [&](int q, const Wire& x) {
+      Entry e;
+      e.device = device;
+      if (q == me) {
+        e.send = send;
+        e.recv = recv;
+      } else {
+        // A rank's unused buffer (a non-root's receive buffer of reduce, say) has no handle and is never read.
+        static const cudaIpcMemHandle_t none{};
+        if (std::memcmp(&x.send_h, &none, sizeof(none)) != 0) e.send = map_peer(ev, q, x.send_h, x.send_off, s);
+        if (std::memcmp(&x.recv_h, &none, sizeof(none)) != 0) e.recv = map_peer(ev, q, x.recv_h, x.recv_off, s);
+        e.event = open_peer_event(ev, q, x.event_h);
+      }
+      return e;
+    };
+    for (int q = 0; q < n; ++q) {
+      const Entry e = wire_entry(q, w0[q]);
+      in[q].send = e.send;
+      in[q].recv = e.recv;
+      in[q].event = q == me ? ev.ready : e.event;
+      in[q].device = device;
+    }
+    run_schedule(comm, a, s, device, ev, in, [&](int phase, const Entry& e) {
+      Wire w;
+      w.event_h = phase == 1 ? ev.mid_h : ev.done_h;
+      const std::vector<Wire> got = all_gather(comm, w);
+      std::vector<Entry> out = in;
+      for (int q = 0; q < n; ++q) out[q].event = q == me ? e.event : open_peer_event(ev, q, got[q].event_h);
+      return out;
+    });
+  } catch (const Error& e) {
+    // Peers' streams may wait for events recorded here, and ours for theirs: nothing later can be trusted.
+    comm.break_with(e);
+    throw;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool applies(const CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
-  if (param_int(Param::CudaDirect) == 0 || a.compressed || a.premul || !comm.all_ranks_in_this_process()) return false;
+  if (param_int(Param::CudaDirect) == 0 || a.compressed || a.premul) return false;
+  if (!comm.all_ranks_in_this_process() && !comm.ranks_are_processes_on_this_host()) return false;
   switch (a.coll) {
     case Coll::AllReduce:
     case Coll::ReduceScatter:
@@ -246,106 +553,15 @@ bool applies(const CommImpl& comm, const CollArgs& a, chorusStream_t user_stream
   return capture == cudaStreamCaptureStatusNone;
 }
 
-void enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
+bool enqueue(CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
   auto s = reinterpret_cast<cudaStream_t>(user_stream);
-  const int n = comm.nranks(), me = comm.rank();
-  const size_t esz = dtype_size(a.dtype);
-  const uint64_t id = comm.comm_id(), seq = comm.next_direct_seq();
-  const int64_t timeout = comm.timeout_ms();
-  std::shared_ptr<Call> call = registry().join(id, seq, n);
-  struct Leave {
-    uint64_t id, seq;
-    std::shared_ptr<Call> call;
-    ~Leave() { registry().leave(id, seq, call); }
-  } leave{id, seq, call};
-  try {
-    const int device = cuda_stream::stream_device(user_stream);
-    cuda_stream::OnDevice on(device);
-    Events& ev = events_of(comm, device);
-    // Phase 0: every rank's input is ready on its stream; the calls are compared before anything is enqueued.
-    check(cudaEventRecord(ev.ready, s), "cudaEventRecord");
-    Entry mine{static_cast<const std::byte*>(a.send), static_cast<std::byte*>(a.recv), ev.ready, device};
-    mine.coll = a.coll;
-    mine.dtype = a.dtype;
-    mine.op = a.op;
-    mine.count = a.count;
-    mine.root = a.root;
-    const std::vector<Entry> in = arrive(*call, 0, me, mine, timeout);
-    check_same_call(in, me);
-    if (a.coll == Coll::AllReduce || a.coll == Coll::ReduceScatter || a.coll == Coll::Reduce) {
-      check_peer_access(in, me);
-      enable_peer_access(in, device);
-    }
-    // All-reduce: rank q owns elements [off(q), off(q + 1)).
-    auto off = [&](int q) { return a.count * static_cast<size_t>(q) / static_cast<size_t>(n); };
-    auto* recv = static_cast<std::byte*>(a.recv);
-    const auto* send = static_cast<const std::byte*>(a.send);
-    bool two_phase = false;  // a reduce-scatter step, then copies of the peers' results
-    switch (a.coll) {
-      case Coll::AllGather: {
-        const size_t b = a.count * esz;
-        wait_peers(in, me, s);
-        for (int q = 0; q < n; ++q) copy_d2d(recv + q * b, in[q].send, b, s);
-        break;
-      }
-      case Coll::AllToAll: {
-        const size_t b = a.count * esz;
-        wait_peers(in, me, s);
-        for (int q = 0; q < n; ++q) copy_d2d(recv + q * b, in[q].send + me * b, b, s);
-        break;
-      }
-      case Coll::Broadcast: {
-        const int root = a.root;
-        wait_peers(in, me, s, root);
-        copy_d2d(recv, in[root].send, a.count * esz, s);
-        break;
-      }
-      case Coll::Reduce: {
-        if (me == a.root) {
-          wait_peers(in, me, s);
-          std::vector<const std::byte*> srcs;
-          for (const Entry& e : in) srcs.push_back(e.send);
-          reduce_from_peers(comm.reduce_spec(a), recv, srcs, me, a.count, s);
-        }
-        break;
-      }
-      case Coll::ReduceScatter: {
-        wait_peers(in, me, s);
-        std::vector<const std::byte*> srcs;
-        for (const Entry& e : in) srcs.push_back(e.send + me * a.count * esz);
-        reduce_from_peers(comm.reduce_spec(a), recv, srcs, me, a.count, s);
-        break;
-      }
-      case Coll::AllReduce: {
-        // Each owner reduces its share from every input into its output, then every rank copies each owner's result
-        // out of the owner's output.
-        wait_peers(in, me, s);
-        std::vector<const std::byte*> srcs;
-        for (const Entry& e : in) srcs.push_back(e.send + off(me) * esz);
-        reduce_from_peers(comm.reduce_spec(a), recv + off(me) * esz, srcs, me, off(me + 1) - off(me), s);
-        two_phase = true;
-        break;
-      }
-      default: throw Error(chorusInternalError, Subsys::Core, "device-direct path: unexpected collective");
-    }
-    if (two_phase) {
-      check(cudaEventRecord(ev.mid, s), "cudaEventRecord");
-      const std::vector<Entry> mid = arrive(*call, 1, me, Entry{send, recv, ev.mid, device}, timeout);
-      wait_peers(mid, me, s);
-      for (int q = 0; q < n; ++q)
-        if (q != me) copy_d2d(recv + off(q) * esz, mid[q].recv + off(q) * esz, (off(q + 1) - off(q)) * esz, s);
-    }
-    // Last phase: no rank's stream moves on while a peer may still read its buffers.
-    check(cudaEventRecord(ev.done, s), "cudaEventRecord");
-    const std::vector<Entry> done = arrive(*call, 2, me, Entry{send, recv, ev.done, device}, timeout);
-    wait_peers(done, me, s);
-  } catch (const Error& e) {
-    // Peers waiting in a phase this rank will not reach fail with this reason now, not at their timeout; their
-    // streams may wait for events recorded here: nothing later on this communicator can be trusted.
-    give_up(*call, e.what());
-    comm.break_with(e);
-    throw;
+  const int device = cuda_stream::stream_device(user_stream);
+  cuda_stream::OnDevice on(device);
+  if (comm.all_ranks_in_this_process()) {
+    enqueue_threads(comm, a, s, device);
+    return true;
   }
+  return enqueue_processes(comm, a, s, device);
 }
 
 }  // namespace chorus::cuda_local

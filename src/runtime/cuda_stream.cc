@@ -241,11 +241,8 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
   if (ext.recv > 0 && !recv_dev)
     bad("recvbuff is not device memory: a call with a stream (or with device buffers) takes device buffers for "
         "both sendbuff and recvbuff; pass stream NULL and host buffers for a host call");
-  // Ranks that are threads of this process read each other's device buffers directly.
-  if (cuda_local::applies(comm, a, user_stream)) {
-    cuda_local::enqueue(comm, a, user_stream);
-    return;
-  }
+  // Ranks that are threads of this process, or processes on this GPU, read each other's device buffers directly.
+  if (cuda_local::applies(comm, a, user_stream) && cuda_local::enqueue(comm, a, user_stream)) return;
   // The wait kernel (and the staging's pool) belong to the stream's device.
   OnDevice on(stream_device(user_stream));
 

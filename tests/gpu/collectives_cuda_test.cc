@@ -331,16 +331,18 @@ TEST(CudaCollectives, MismatchedCallsOnTheDirectPathAreReportedNotRun) {
   destroy_streams(streams);
 }
 
-// Ranks as processes sharing the GPU (each process its own context and stream; device buffers staged through pinned
-// memory and the shm transport): tests/gpu/gpu_mp_worker.cc checks every rank's results and prints "gpu-mp: ok".
+// Ranks as processes sharing the GPU (each process its own context and stream): through CUDA IPC (mapped buffers,
+// interprocess events), and staged through pinned memory and the shm transport (CHORUS_CUDA_DIRECT=0).
+// tests/gpu/gpu_mp_worker.cc checks every rank's results and prints "gpu-mp: ok".
 TEST(CudaProcesses, TwoAndFourProcessesOnOneGpu) {
   CHORUS_REQUIRE_CUDA_DEVICE();
-  for (int n : {2, 4}) {
-    const test::Result r =
-        test::run(std::string(CHORUSRUN) + " -n " + std::to_string(n) + " --timeout 240 " + GPU_MP_WORKER);
-    EXPECT_EQ(r.code, 0) << r.out;
-    EXPECT_EQ(test::count_of(r.out, "gpu-mp: ok"), n) << r.out;
-  }
+  for (const char* direct : {"1", "0"})
+    for (int n : {2, 4}) {
+      const test::Result r = test::run(std::string("CHORUS_CUDA_DIRECT=") + direct + " " + CHORUSRUN + " -n " +
+                                       std::to_string(n) + " --timeout 120 " + GPU_MP_WORKER);
+      EXPECT_EQ(r.code, 0) << "CHORUS_CUDA_DIRECT=" << direct << "\n" << r.out;
+      EXPECT_EQ(test::count_of(r.out, "gpu-mp: ok"), n) << "CHORUS_CUDA_DIRECT=" << direct << "\n" << r.out;
+    }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // One rank of a GPU job under chorusrun (tests/gpu/collectives_cuda_test.cc, CudaProcesses.*): ranks as processes
-// sharing one GPU, device buffers on each process's stream. Every collective, a few dtypes and every op, in place
-// and out of place, checked against values computed on the host; prints "gpu-mp: ok" when every check passed.
+// sharing one GPU, device buffers on each process's stream. All-reduce, reduce-scatter, all-gather, broadcast,
+// reduce and all-to-all, a few dtypes and every op of the reductions, in place and out of place (all-to-all out of
+// place), checked against values computed on the host; prints "gpu-mp: ok" when every check passed.
 // Exits 2 (skip) without a CUDA device.
 #include <chorus/chorus.h>
 #include <cuda_runtime_api.h>
@@ -114,6 +115,27 @@ int run_type(chorusComm_t comm, cudaStream_t s, chorusDataType_t t) {
     CHECK_CUDA(cudaStreamSynchronize(s));
     CHECK_CUDA(cudaMemcpy(out.data(), bc_out, count * sizeof(T), cudaMemcpyDeviceToHost));
     for (size_t j = 0; j < count; ++j) expect("broadcast", in_place, j, value(root, j, chorusSum), out[j]);
+    // reduce (sum) onto rank 0; `in` still holds this rank's value(rank, j, sum)
+    CHECK_CUDA(cudaMemcpy(dsend, in.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaDeviceSynchronize());  // a pageable upload may still be in flight for a non-blocking stream
+    T* red_out = in_place ? dsend : drecv;
+    CHECK_CHORUS(chorusReduce(dsend, red_out, count, t, chorusSum, 0, comm, s), comm);
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    if (g_rank == 0) {
+      CHECK_CUDA(cudaMemcpy(out.data(), red_out, count * sizeof(T), cudaMemcpyDeviceToHost));
+      for (size_t j = 0; j < count; ++j) expect("reduce", in_place, j, reduced(chorusSum, j, is_float), out[j]);
+    }
+    // all-to-all (out of place): block b of every rank's input goes to rank b
+    if (!in_place) {
+      for (size_t j = 0; j < count * n; ++j) in[j] = static_cast<T>(value(g_rank, j, chorusSum));
+      CHECK_CUDA(cudaMemcpy(dsend, in.data(), count * n * sizeof(T), cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaDeviceSynchronize());
+      CHECK_CHORUS(chorusAllToAll(dsend, drecv, count, t, comm, s), comm);
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      CHECK_CUDA(cudaMemcpy(out.data(), drecv, count * n * sizeof(T), cudaMemcpyDeviceToHost));
+      for (size_t j = 0; j < count * n; ++j)
+        expect("all-to-all", false, j, value(static_cast<int>(j / count), r * count + j % count, chorusSum), out[j]);
+    }
   }
   cudaFree(dsend);
   cudaFree(drecv);
