@@ -162,10 +162,10 @@ void check_peer_access(const std::vector<Entry>& in, int me) {
     }
 }
 
-// Three events per communicator (kept in CommImpl::device_state, destroyed with it), reused call after call: a
-// peer's cudaStreamWaitEvent takes the record that was current when it was enqueued, and the rendezvous orders every
-// re-record after those. Made again when the communicator's calls move to another device. Ranks that are processes
-// create them interprocess and keep what they opened of their peers: mapped buffers and events.
+// Three events per communicator, reused call after call: a peer's cudaStreamWaitEvent takes the record that was
+// current when it was enqueued, and the rendezvous orders every re-record after those. Made again when the
+// communicator's calls move to another device. Ranks that are processes create them interprocess and keep what they
+// opened of their peers: mapped buffers and events.
 struct Events {
   int device = -1;
   bool interprocess = false;
@@ -175,17 +175,38 @@ struct Events {
   std::map<std::string, void*> mapped;        // (peer, allocation handle) -> its base mapped here
   std::map<std::string, cudaEvent_t> opened;  // (peer, event handle) -> the event opened here
   ~Events() {
+    // Released in the device's context (closing a mapping elsewhere would leak it); never throws.
+    int prev = -1;
+    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device && cudaSetDevice(device) == cudaSuccess;
     for (auto& [key, base] : mapped) cudaIpcCloseMemHandle(base);
     for (auto& [key, e] : opened) cudaEventDestroy(e);
     for (cudaEvent_t e : {ready, mid, done})
       if (e != nullptr) cudaEventDestroy(e);
+    if (switched) cudaSetDevice(prev);
+    cudaGetLastError();
   }
 };
 
+// What the device-direct path keeps per communicator (CommImpl::device_state, released with the communicator).
+struct DirectState {
+  std::unique_ptr<Events> events;
+  // Processes: whether the ranks can take the IPC path at all (-1: not decided yet). Decided once, at the first call
+  // that may take the path (the same call on every rank), from every rank's device UUID and IPC support.
+  int ipc_usable = -1;
+};
+
+DirectState& state_of(CommImpl& comm) {
+  if (!comm.device_state()) comm.device_state() = std::make_shared<DirectState>();
+  return *static_cast<DirectState*>(comm.device_state().get());
+}
+
+// The communicator's events on `device` (made, or made again after a device change). Throws
+// chorusUnhandledCudaError when CUDA refuses them (the state stays without events).
 Events& events_of(CommImpl& comm, int device, bool interprocess) {
-  auto* e = static_cast<Events*>(comm.device_state().get());
-  if (e != nullptr && e->device == device && e->interprocess == interprocess) return *e;
-  auto fresh = std::make_shared<Events>();
+  DirectState& st = state_of(comm);
+  if (st.events && st.events->device == device && st.events->interprocess == interprocess) return *st.events;
+  st.events.reset();
+  auto fresh = std::make_unique<Events>();
   fresh->device = device;
   fresh->interprocess = interprocess;
   const unsigned flags = cudaEventDisableTiming | (interprocess ? cudaEventInterprocess : 0u);
@@ -199,8 +220,8 @@ Events& events_of(CommImpl& comm, int device, bool interprocess) {
     check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     std::memcpy(fresh->uuid, &prop.uuid, sizeof(fresh->uuid));
   }
-  comm.device_state() = fresh;
-  return *fresh;
+  st.events = std::move(fresh);
+  return *st.events;
 }
 
 void copy_d2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
@@ -412,19 +433,22 @@ std::string key_of(int peer, const void* handle, size_t bytes) {
   return k;
 }
 
-// Peer `q`'s buffer, mapped into this process once per allocation (kept until the communicator is destroyed; at
-// most kMaxMapped, after which the stream is synchronized and the mappings are closed).
+// Peers' buffers are mapped into this process once per allocation and kept until the communicator is destroyed, at
+// most kMaxMapped of them: a call that would need more first waits for the device to be idle and closes them all
+// (before it maps anything, so it never closes a mapping it uses).
 constexpr size_t kMaxMapped = 256;
 
-std::byte* map_peer(Events& ev, int q, const cudaIpcMemHandle_t& h, uint64_t off, cudaStream_t s) {
+void make_room(Events& ev, size_t needed) {
+  if (ev.mapped.size() + needed <= kMaxMapped) return;
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before closing IPC mappings)");
+  for (auto& [k, base] : ev.mapped) cudaIpcCloseMemHandle(base);
+  ev.mapped.clear();
+}
+
+std::byte* map_peer(Events& ev, int q, const cudaIpcMemHandle_t& h, uint64_t off) {
   const std::string key = key_of(q, &h, sizeof(h));
   auto it = ev.mapped.find(key);
   if (it == ev.mapped.end()) {
-    if (ev.mapped.size() >= kMaxMapped) {
-      check(cudaStreamSynchronize(s), "cudaStreamSynchronize (before closing IPC mappings)");
-      for (auto& [k, base] : ev.mapped) cudaIpcCloseMemHandle(base);
-      ev.mapped.clear();
-    }
     void* base = nullptr;
     check(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
           cat("cudaIpcOpenMemHandle (a buffer of rank ", q, ")").c_str());
@@ -458,13 +482,54 @@ std::vector<Wire> all_gather(CommImpl& comm, const Wire& mine) {
   return all;
 }
 
-// False when the call cannot take this path (a rank's buffer has no IPC handle, or the ranks are not all on one
-// GPU): every rank learns the same from phase 0 and stages the call instead.
+// What ranks all-gather once per communicator to decide on the IPC path.
+struct Probe {
+  unsigned char uuid[16];
+  int32_t ok;  // 1: this rank's interprocess events and IPC handles work
+};
+
+// Whether every rank is on the same GPU with working IPC: decided at the communicator's first call here (the same
+// call on every rank, whatever its outcome), then kept, so a job of one process per GPU pays one all-gather, not one
+// per call.
+bool ipc_usable(CommImpl& comm, int device) {
+  DirectState& st = state_of(comm);
+  if (st.ipc_usable >= 0) return st.ipc_usable == 1;
+  Probe mine;
+  std::memset(&mine, 0, sizeof(mine));
+  try {
+    const Events& ev = events_of(comm, device, true);
+    std::memcpy(mine.uuid, ev.uuid, sizeof(mine.uuid));
+    mine.ok = 1;
+  } catch (const Error&) {
+    cudaGetLastError();  // this rank cannot: every rank stages
+  }
+  std::vector<Probe> all(static_cast<size_t>(comm.nranks()));
+  CollArgs g;
+  g.coll = Coll::AllGather;
+  g.send = &mine;
+  g.recv = all.data();
+  g.count = sizeof(Probe);
+  g.dtype = chorusUint8;
+  comm.validate(g);
+  comm.run_blocking(std::move(g));
+  bool usable = true;
+  for (const Probe& p : all) usable = usable && p.ok == 1 && std::memcmp(p.uuid, all[0].uuid, sizeof(p.uuid)) == 0;
+  st.ipc_usable = usable ? 1 : 0;
+  return usable;
+}
+
+// False when the call cannot take this path (the ranks are not all on one GPU with IPC, or a rank's buffer has no
+// IPC handle): every rank learns the same, from the same all-gather, and stages the call instead.
 bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int device) {
+  if (!ipc_usable(comm, device)) return false;
   const int n = comm.nranks(), me = comm.rank();
   Events& ev = events_of(comm, device, true);
   check(cudaEventRecord(ev.ready, s), "cudaEventRecord");
+  // Which buffers peers read: all inputs (broadcast: the root's only), and for all-reduce the outputs too.
+  const bool peers_read_send = a.coll != Coll::Broadcast || me == a.root;
+  const bool peers_read_recv = a.coll == Coll::AllReduce;
   Wire mine;
+  std::memset(static_cast<void*>(&mine), 0, sizeof(mine));
   mine.event_h = ev.ready_h;
   std::memcpy(mine.uuid, ev.uuid, sizeof(mine.uuid));
   mine.coll = static_cast<int32_t>(a.coll);
@@ -472,8 +537,8 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
   mine.op = a.op;
   mine.root = a.root;
   mine.count = a.count;
-  mine.exported =
-      export_buffer(a.send, mine.send_h, mine.send_off) && export_buffer(a.recv, mine.recv_h, mine.recv_off);
+  mine.exported = export_buffer(peers_read_send ? a.send : nullptr, mine.send_h, mine.send_off) &&
+                  export_buffer(peers_read_recv ? a.recv : nullptr, mine.recv_h, mine.recv_off);
   const std::vector<Wire> w0 = all_gather(comm, mine);
   std::vector<Entry> in(static_cast<size_t>(n));
   bool usable = true;
@@ -489,32 +554,29 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
   check_same_call(in, me);
   if (!usable) return false;
   try {
-    const auto* send = static_cast<const std::byte*>(a.send);
-    auto* recv = static_cast<std::byte*>(a.recv);
-    auto wire_entry = [&](int q, const Wire& x) {
-      Entry e;
+    static const cudaIpcMemHandle_t none{};
+    auto has = [](const cudaIpcMemHandle_t& h) { return std::memcmp(&h, &none, sizeof(none)) != 0; };
+    size_t needed = 0;
+    for (int q = 0; q < n; ++q)
+      if (q != me) needed += (has(w0[q].send_h) ? 1 : 0) + (has(w0[q].recv_h) ? 1 : 0);
+    make_room(ev, needed);
+    for (int q = 0; q < n; ++q) {
+      Entry& e = in[q];
       e.device = device;
       if (q == me) {
-        e.send = send;
-        e.recv = recv;
+        e.send = static_cast<const std::byte*>(a.send);
+        e.recv = static_cast<std::byte*>(a.recv);
+        e.event = ev.ready;
       } else {
-        // A rank's unused buffer (a non-root's receive buffer of reduce, say) has no handle and is never read.
-        static const cudaIpcMemHandle_t none{};
-        if (std::memcmp(&x.send_h, &none, sizeof(none)) != 0) e.send = map_peer(ev, q, x.send_h, x.send_off, s);
-        if (std::memcmp(&x.recv_h, &none, sizeof(none)) != 0) e.recv = map_peer(ev, q, x.recv_h, x.recv_off, s);
-        e.event = open_peer_event(ev, q, x.event_h);
+        // A buffer no peer reads has no handle and stays null.
+        if (has(w0[q].send_h)) e.send = map_peer(ev, q, w0[q].send_h, w0[q].send_off);
+        if (has(w0[q].recv_h)) e.recv = map_peer(ev, q, w0[q].recv_h, w0[q].recv_off);
+        e.event = open_peer_event(ev, q, w0[q].event_h);
       }
-      return e;
-    };
-    for (int q = 0; q < n; ++q) {
-      const Entry e = wire_entry(q, w0[q]);
-      in[q].send = e.send;
-      in[q].recv = e.recv;
-      in[q].event = q == me ? ev.ready : e.event;
-      in[q].device = device;
     }
     run_schedule(comm, a, s, device, ev, in, [&](int phase, const Entry& e) {
       Wire w;
+      std::memset(static_cast<void*>(&w), 0, sizeof(w));
       w.event_h = phase == 1 ? ev.mid_h : ev.done_h;
       const std::vector<Wire> got = all_gather(comm, w);
       std::vector<Entry> out = in;

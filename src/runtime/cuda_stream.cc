@@ -206,12 +206,43 @@ int stream_device(chorusStream_t stream) {
   return device;
 }
 
+namespace {
+using CtxGetCurrentFn = CUresult(CUDAAPI*)(CUcontext*);
+using CtxSetCurrentFn = CUresult(CUDAAPI*)(CUcontext);
+
+template <typename Fn>
+Fn driver_entry(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(p);
+}
+}  // namespace
+
+// The caller's context is saved and put back as it was (possibly none): restoring by cudaSetDevice would create a
+// primary context on a device the thread never used (CUDA 12 makes cudaSetDevice initialise it), at a cost of
+// hundreds of MB of device memory.
 OnDevice::OnDevice(int device) {
-  check(cudaGetDevice(&prev_), "cudaGetDevice");
-  if (device != prev_) check(cudaSetDevice(device), "cudaSetDevice");
+  static const CtxGetCurrentFn get = driver_entry<CtxGetCurrentFn>("cuCtxGetCurrent");
+  CUcontext ctx = nullptr;
+  if (get == nullptr || get(&ctx) != CUDA_SUCCESS)
+    throw Error(chorusUnhandledCudaError, Subsys::Core, "cuCtxGetCurrent failed (no usable CUDA driver)");
+  int current = -1;
+  if (ctx != nullptr) check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current == device) return;
+  check(cudaSetDevice(device), "cudaSetDevice");
+  saved_ = ctx;
+  switched_ = true;
 }
 
-OnDevice::~OnDevice() { cudaSetDevice(prev_); }
+OnDevice::~OnDevice() {
+  static const CtxSetCurrentFn set = driver_entry<CtxSetCurrentFn>("cuCtxSetCurrent");
+  if (switched_ && set != nullptr) set(static_cast<CUcontext>(saved_));
+}
 
 bool is_device_pointer(const void* p) {
   if (p == nullptr) return false;

@@ -53,7 +53,8 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t stream);
 int stream_device(chorusStream_t stream);
 
 // Makes `device` the calling thread's current CUDA device for the object's lifetime (kernels, events and streams
-// belong to a device), then restores the previous one. Throws chorusUnhandledCudaError if it cannot be set.
+// belong to a device), then restores the thread's previous context (or none). Throws chorusUnhandledCudaError if
+// it cannot be set.
 class OnDevice {
  public:
   explicit OnDevice(int device);
@@ -62,7 +63,8 @@ class OnDevice {
   OnDevice& operator=(const OnDevice&) = delete;
 
  private:
-  int prev_ = 0;
+  void* saved_ = nullptr;  // the caller's CUcontext
+  bool switched_ = false;
 };
 
 }  // namespace cuda_stream
