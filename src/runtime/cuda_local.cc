@@ -468,14 +468,16 @@ cudaEvent_t open_peer_event(Events& ev, int q, const cudaIpcEventHandle_t& h) {
   return it->second;
 }
 
-// All-gathers `mine` among the ranks through the communicator's host path (which times out and names a dead peer).
-std::vector<Wire> all_gather(CommImpl& comm, const Wire& mine) {
-  std::vector<Wire> all(static_cast<size_t>(comm.nranks()));
+// All-gathers `mine` (plain bytes) among the ranks through the communicator's host path (which times out and
+// names a dead peer).
+template <typename T>
+std::vector<T> all_gather(CommImpl& comm, const T& mine) {
+  std::vector<T> all(static_cast<size_t>(comm.nranks()));
   CollArgs g;
   g.coll = Coll::AllGather;
   g.send = &mine;
   g.recv = all.data();
-  g.count = sizeof(Wire);
+  g.count = sizeof(T);
   g.dtype = chorusUint8;
   comm.validate(g);
   comm.run_blocking(std::move(g));
@@ -503,15 +505,7 @@ bool ipc_usable(CommImpl& comm, int device) {
   } catch (const Error&) {
     cudaGetLastError();  // this rank cannot: every rank stages
   }
-  std::vector<Probe> all(static_cast<size_t>(comm.nranks()));
-  CollArgs g;
-  g.coll = Coll::AllGather;
-  g.send = &mine;
-  g.recv = all.data();
-  g.count = sizeof(Probe);
-  g.dtype = chorusUint8;
-  comm.validate(g);
-  comm.run_blocking(std::move(g));
+  const std::vector<Probe> all = all_gather(comm, mine);
   bool usable = true;
   for (const Probe& p : all) usable = usable && p.ok == 1 && std::memcmp(p.uuid, all[0].uuid, sizeof(p.uuid)) == 0;
   st.ipc_usable = usable ? 1 : 0;
