@@ -139,9 +139,10 @@ const FlagSpec kFlags[] = {
     {'A', "algorithm", true, "algorithm for every call, by name as chorus-info lists them (default: the selector)"},
     {'Z', "compression", true,
      "codec for every call: int8[:block], fp8_e4m3, int4, sign1[:block], sign_vote (all_reduce, reduce_scatter, "
-     "all_gather; float), with ':rht' at the end for the randomized Hadamard rotation (int8, fp8_e4m3, int4, sign1). "
-     "busbw is then effective (uncompressed bytes over time) and #wrong shows the relative L2 error against an "
-     "fp64 reference"},
+     "all_gather; float), with ':rht' at the end for the randomized Hadamard rotation (int8, fp8_e4m3, int4, and "
+     "sign1 with a power-of-two block up to 4096). Every call is step 0 (no error feedback: each call is measured "
+     "alone). busbw is then effective (uncompressed bytes over time) and #wrong shows the relative L2 error against "
+     "an fp64 reference"},
     {'h', "help", false, "print this help"},
 };
 
