@@ -19,6 +19,7 @@
 #include "tests/common/process.h"
 #include "tests/common/world.h"
 #include "tests/gpu/gpu_test.h"
+#include "tests/gpu/reference_values.h"
 
 namespace chorus::gputest {
 namespace {
@@ -76,23 +77,6 @@ double load(chorusDataType_t t, const std::byte* p, size_t i) {
     case chorusFloat8e4m3: return kernels::e4m3_to_float(get(uint8_t{}));
     case chorusFloat8e5m2: return kernels::e5m2_to_float(get(uint8_t{}));
     default: return 0;
-  }
-}
-
-// Rank r's input element j: small integers (1 or 2 for a product, so 8 ranks stay within every type).
-double value(int r, size_t j, chorusRedOp_t op, bool is_signed) {
-  if (op == chorusProd) return static_cast<double>((r + j) % 2 + 1);
-  const double v = static_cast<double>((r * 7 + j * 3) % 5);
-  return is_signed ? v - 2 : v;
-}
-
-double combine(chorusRedOp_t op, double a, double b) {
-  switch (op) {
-    case chorusSum:
-    case chorusAvg: return a + b;
-    case chorusProd: return a * b;
-    case chorusMax: return std::max(a, b);
-    default: return std::min(a, b);
   }
 }
 

@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "tests/gpu/reference_values.h"
+
 namespace {
 
 int g_rank = 0, g_n = 1;
@@ -36,21 +38,10 @@ int g_rank = 0, g_n = 1;
     }                                                                                 \
   } while (0)
 
-// Rank r's element j: small integers every dtype holds exactly (1 or 2 for a product).
-double value(int r, size_t j, chorusRedOp_t op) {
-  if (op == chorusProd) return static_cast<double>((r + j) % 2 + 1);
-  return static_cast<double>((r * 7 + j * 3) % 5) - 2;
-}
+using chorus::gputest::combine;
 
-double combine(chorusRedOp_t op, double a, double b) {
-  switch (op) {
-    case chorusSum:
-    case chorusAvg: return a + b;
-    case chorusProd: return a * b;
-    case chorusMax: return std::max(a, b);
-    default: return std::min(a, b);
-  }
-}
+// Rank r's element j (signed: every dtype here is).
+double value(int r, size_t j, chorusRedOp_t op) { return chorus::gputest::value(r, j, op, true); }
 
 double reduced(chorusRedOp_t op, size_t j, bool is_float) {
   double v = value(0, j, op);
