@@ -398,16 +398,8 @@ using MemGetAddressRangeFn = CUresult(CUDAAPI*)(CUdeviceptr*, size_t*, CUdevicep
 
 // cuMemGetAddressRange from the driver (libchorus does not link libcuda): an IPC handle names a whole allocation.
 MemGetAddressRangeFn mem_get_address_range() {
-  static const MemGetAddressRangeFn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<MemGetAddressRangeFn>(nullptr);
-    }
-    return reinterpret_cast<MemGetAddressRangeFn>(p);
-  }();
+  static const auto fn =
+      reinterpret_cast<MemGetAddressRangeFn>(cuda_stream::driver_entry_point("cuMemGetAddressRange"));
   return fn;
 }
 

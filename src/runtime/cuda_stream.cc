@@ -206,12 +206,7 @@ int stream_device(chorusStream_t stream) {
   return device;
 }
 
-namespace {
-using CtxGetCurrentFn = CUresult(CUDAAPI*)(CUcontext*);
-using CtxSetCurrentFn = CUresult(CUDAAPI*)(CUcontext);
-
-template <typename Fn>
-Fn driver_entry(const char* name) {
+void* driver_entry_point(const char* name) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult q{};
   if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
@@ -219,15 +214,19 @@ Fn driver_entry(const char* name) {
     cudaGetLastError();
     return nullptr;
   }
-  return reinterpret_cast<Fn>(p);
+  return p;
 }
+
+namespace {
+using CtxGetCurrentFn = CUresult(CUDAAPI*)(CUcontext*);
+using CtxSetCurrentFn = CUresult(CUDAAPI*)(CUcontext);
 }  // namespace
 
 // The caller's context is saved and put back as it was (possibly none): restoring by cudaSetDevice would create a
 // primary context on a device the thread never used (CUDA 12 makes cudaSetDevice initialise it), at a cost of
 // hundreds of MB of device memory.
 OnDevice::OnDevice(int device) {
-  static const CtxGetCurrentFn get = driver_entry<CtxGetCurrentFn>("cuCtxGetCurrent");
+  static const CtxGetCurrentFn get = reinterpret_cast<CtxGetCurrentFn>(driver_entry_point("cuCtxGetCurrent"));
   CUcontext ctx = nullptr;
   if (get == nullptr || get(&ctx) != CUDA_SUCCESS)
     throw Error(chorusUnhandledCudaError, Subsys::Core, "cuCtxGetCurrent failed (no usable CUDA driver)");
@@ -240,7 +239,7 @@ OnDevice::OnDevice(int device) {
 }
 
 OnDevice::~OnDevice() {
-  static const CtxSetCurrentFn set = driver_entry<CtxSetCurrentFn>("cuCtxSetCurrent");
+  static const CtxSetCurrentFn set = reinterpret_cast<CtxSetCurrentFn>(driver_entry_point("cuCtxSetCurrent"));
   if (switched_ && set != nullptr) set(static_cast<CUcontext>(saved_));
 }
 

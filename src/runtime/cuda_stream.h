@@ -49,6 +49,10 @@ bool is_device_pointer(const void* p);
 // A call of count 0 does nothing.
 void enqueue(CommImpl& comm, CollArgs a, chorusStream_t stream);
 
+// The CUDA driver function `name` (as of the CUDA 12 API), looked up through the runtime since libchorus does not
+// link libcuda; null where the driver has none. Cast it to the function's type.
+void* driver_entry_point(const char* name);
+
 // The device that `stream` belongs to (NULL: the calling thread's current device). Throws chorusUnhandledCudaError.
 int stream_device(chorusStream_t stream);
 
