@@ -20,6 +20,7 @@
 #include "core/config.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/cuda/reduce.cuh"
 #include "runtime/cuda_stream.h"
 
@@ -178,6 +179,11 @@ struct Events {
     // Released in the device's context (closing a mapping elsewhere would leak it); never throws.
     int prev = -1;
     const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device && cudaSetDevice(device) == cudaSuccess;
+    // Our streams may still read peers' mapped buffers or wait on their events, and peers' streams on our exported
+    // events: let this device's work finish first. It ends, since every wait it holds is on an event its rank
+    // recorded before the rendezvous that published it; a peer's own teardown waits alike for its stream, which
+    // waits for our "done", so no rank releases what another still reads.
+    if (!mapped.empty() || !opened.empty()) cudaDeviceSynchronize();
     for (auto& [key, base] : mapped) cudaIpcCloseMemHandle(base);
     for (auto& [key, e] : opened) cudaEventDestroy(e);
     for (cudaEvent_t e : {ready, mid, done})
@@ -392,6 +398,7 @@ struct Wire {
   unsigned char uuid[16] = {};
   int32_t coll = 0, dtype = 0, op = 0, root = 0;
   int32_t exported = 0;  // 1: both buffers (where used) have IPC handles
+  int32_t failed = 0;    // 1: CUDA failed on this rank before the call could be published (every rank fails)
 };
 
 using MemGetAddressRangeFn = CUresult(CUDAAPI*)(CUdeviceptr*, size_t*, CUdeviceptr);
@@ -498,10 +505,21 @@ bool ipc_usable(CommImpl& comm, int device) {
     cudaGetLastError();  // this rank cannot: every rank stages
   }
   const std::vector<Probe> all = all_gather(comm, mine);
-  bool usable = true;
-  for (const Probe& p : all) usable = usable && p.ok == 1 && std::memcmp(p.uuid, all[0].uuid, sizeof(p.uuid)) == 0;
-  st.ipc_usable = usable ? 1 : 0;
-  return usable;
+  std::string why;
+  for (int q = 0; q < static_cast<int>(all.size()) && why.empty(); ++q) {
+    if (all[q].ok != 1)
+      why = cat("rank ", q, " has no interprocess events");
+    else if (std::memcmp(all[q].uuid, all[0].uuid, sizeof(all[q].uuid)) != 0)
+      why = cat("rank ", q, " is on another GPU than rank 0");
+  }
+  st.ipc_usable = why.empty() ? 1 : 0;
+  if (why.empty())
+    CHORUS_INFO(Runtime, "rank %d: device buffers among %d processes on one GPU: device-direct over CUDA IPC",
+                comm.rank(), comm.nranks());
+  else
+    CHORUS_INFO(Runtime, "rank %d: device buffers among %d processes: staged through host memory (%s)", comm.rank(),
+                comm.nranks(), why.c_str());
+  return why.empty();
 }
 
 // False when the call cannot take this path (the ranks are not all on one GPU with IPC, or a rank's buffer has no
@@ -509,15 +527,24 @@ bool ipc_usable(CommImpl& comm, int device) {
 bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int device) {
   if (!ipc_usable(comm, device)) return false;
   const int n = comm.nranks(), me = comm.rank();
-  Events& ev = events_of(comm, device, true);
-  check(cudaEventRecord(ev.ready, s), "cudaEventRecord");
+  Wire mine;
+  std::memset(static_cast<void*>(&mine), 0, sizeof(mine));
+  // A CUDA failure here (events made again on another device, a record refused) is still published, so that the
+  // peers fail now with this rank named instead of waiting for it until their timeout.
+  Events* evp = nullptr;
+  std::string local_failure;
+  try {
+    evp = &events_of(comm, device, true);
+    check(cudaEventRecord(evp->ready, s), "cudaEventRecord");
+    mine.event_h = evp->ready_h;
+    std::memcpy(mine.uuid, evp->uuid, sizeof(mine.uuid));
+  } catch (const Error& e) {
+    local_failure = e.what();
+    mine.failed = 1;
+  }
   // Which buffers peers read: all inputs (broadcast: the root's only), and for all-reduce the outputs too.
   const bool peers_read_send = a.coll != Coll::Broadcast || me == a.root;
   const bool peers_read_recv = a.coll == Coll::AllReduce;
-  Wire mine;
-  std::memset(static_cast<void*>(&mine), 0, sizeof(mine));
-  mine.event_h = ev.ready_h;
-  std::memcpy(mine.uuid, ev.uuid, sizeof(mine.uuid));
   mine.coll = static_cast<int32_t>(a.coll);
   mine.dtype = a.dtype;
   mine.op = a.op;
@@ -526,6 +553,17 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
   mine.exported = export_buffer(peers_read_send ? a.send : nullptr, mine.send_h, mine.send_off) &&
                   export_buffer(peers_read_recv ? a.recv : nullptr, mine.recv_h, mine.recv_off);
   const std::vector<Wire> w0 = all_gather(comm, mine);
+  if (!local_failure.empty()) {
+    const Error e(chorusUnhandledCudaError, Subsys::Core, local_failure);
+    comm.break_with(e);  // this rank's device state is unknown
+    throw e;
+  }
+  for (int q = 0; q < n; ++q)
+    if (w0[q].failed == 1)
+      throw Error(chorusRemoteError, Subsys::Core,
+                  cat("rank ", me, ": rank ", q, " could not enqueue the device collective (a CUDA error there; ",
+                      "nothing was enqueued here)"));
+  Events& ev = *evp;
   std::vector<Entry> in(static_cast<size_t>(n));
   bool usable = true;
   for (int q = 0; q < n; ++q) {
@@ -538,7 +576,10 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
     usable = usable && x.exported == 1 && std::memcmp(x.uuid, ev.uuid, sizeof(ev.uuid)) == 0;
   }
   check_same_call(in, me);
-  if (!usable) return false;
+  if (!usable) {
+    CHORUS_TRACE(Runtime, "rank %d: %s staged: a rank's buffer has no CUDA IPC handle", me, algo::coll_name(a.coll));
+    return false;
+  }
   try {
     static const cudaIpcMemHandle_t none{};
     auto has = [](const cudaIpcMemHandle_t& h) { return std::memcmp(&h, &none, sizeof(none)) != 0; };

@@ -1,7 +1,8 @@
 // One rank of a GPU job under chorusrun (tests/gpu/collectives_cuda_test.cc, CudaProcesses.*): ranks as processes
 // sharing one GPU, device buffers on each process's stream. All-reduce, reduce-scatter, all-gather, broadcast,
 // reduce and all-to-all, a few dtypes and every op of the reductions, in place and out of place (all-to-all out of
-// place), checked against values computed on the host; prints "gpu-mp: ok" when every check passed.
+// place), checked against values computed on the host, and an all-reduce on stream-ordered pool memory (no IPC
+// handle: staged); prints "gpu-mp: ok" when every check passed.
 // Exits 2 (skip) without a CUDA device.
 #include <chorus/chorus.h>
 #include <cuda_runtime_api.h>
@@ -133,6 +134,29 @@ int run_type(chorusComm_t comm, cudaStream_t s, chorusDataType_t t) {
   return bad == 0 ? 0 : 1;
 }
 
+// An all-reduce on memory from a stream-ordered pool (cudaMallocAsync), which has no CUDA IPC handle: every rank
+// learns it from the call's rendezvous and stages the call through host memory; the result must not change.
+int run_pool_buffers(chorusComm_t comm, cudaStream_t s) {
+  const size_t count = 4099;
+  float* d = nullptr;
+  CHECK_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&d), count * sizeof(float), s));
+  std::vector<float> in(count), out(count);
+  for (size_t j = 0; j < count; ++j) in[j] = static_cast<float>(value(g_rank, j, chorusSum));
+  CHECK_CUDA(cudaMemcpyAsync(d, in.data(), count * sizeof(float), cudaMemcpyHostToDevice, s));
+  CHECK_CHORUS(chorusAllReduce(d, d, count, chorusFloat32, chorusSum, comm, s), comm);
+  CHECK_CUDA(cudaMemcpyAsync(out.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost, s));
+  CHECK_CUDA(cudaFreeAsync(d, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  int bad = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const float want = static_cast<float>(reduced(chorusSum, j, true));
+    if (out[j] != want && bad++ < 5)
+      std::printf("FAIL rank %d: all-reduce on pool memory element %zu: %g, expected %g\n", g_rank, j,
+                  static_cast<double>(out[j]), static_cast<double>(want));
+  }
+  return bad == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main() {
@@ -155,6 +179,7 @@ int main() {
   rc |= run_type<float>(comm, s, chorusFloat32);
   rc |= run_type<double>(comm, s, chorusFloat64);
   rc |= run_type<int64_t>(comm, s, chorusInt64);
+  rc |= run_pool_buffers(comm, s);
   cudaStreamDestroy(s);
   chorusCommDestroy(comm);
   if (rc == 0) std::printf("gpu-mp: ok (rank %d of %d)\n", g_rank, g_n);
