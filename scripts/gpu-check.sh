@@ -2,8 +2,10 @@
 # One command for a machine with an NVIDIA GPU (the H200 of /work/shared/GPU-NOTES.md): configures a Release build
 # with CUDA in build/gpu, builds the library, the GPU tests, the kernel benchmark and the CPU tools, runs the GPU
 # test suite (kernels, and collectives on device buffers with graph capture), runs compute-sanitizer memcheck on
-# small GPU tests (when compute-sanitizer is there), and prints the kernel and collective benchmark tables. The output starts with the date, the commit and `nvidia-smi -L`, so that it can be
-# pasted as it is into docs/perf/ (docs/cuda.md says what to record). Meant to finish in under 8 minutes on 16 cores.
+# small GPU tests (when compute-sanitizer is there), and prints the kernel and collective benchmark tables (ranks as
+# threads, the copy-engine all-gather with every SM held, the targets, then ranks as 2 and 4 processes). The
+# output starts with the date, the commit and `nvidia-smi -L`, so that it can be pasted as it is into docs/perf/
+# (docs/cuda.md says what to record). Meant to finish in under 8 minutes on 16 cores.
 #
 # Usage: scripts/gpu-check.sh [--bytes N]   (N: buffer size of the benchmark, default 256 MiB)
 # Exit status: non-zero when the build, a GPU test or the benchmark fails; every failure names its step.
@@ -92,10 +94,15 @@ fi
 step "kernel benchmark (bench_cuda_kernels ${bench_args[*]:-})"
 timeout -k 10 120 "$build/perf/bench_cuda_kernels" "${bench_args[@]}" || fail_later "kernel benchmark failed"
 
-step "collectives on device buffers at 1, 2, 4, 8 thread-ranks (bench_cuda_collectives)"
+step "collectives on device buffers at 1, 2, 4, 8 thread-ranks, copy-engine all-gather, targets (bench_cuda_collectives)"
 timeout -k 10 180 "$build/perf/bench_cuda_collectives" --max-bytes "${COLL_MAX_BYTES:-268435456}" \
   || fail_later "collective benchmark failed"
-echo "not benchmarked: ranks as processes on one GPU (CUDA IPC); the GPU suite checks their results."
+
+for n in 2 4; do
+  step "collectives on device buffers at $n processes on one GPU (chorusrun -n $n bench_cuda_collectives --processes)"
+  timeout -k 10 90 "$build/chorusrun" -n "$n" --timeout 80 "$build/perf/bench_cuda_collectives" --processes \
+    --max-bytes "${PROC_MAX_BYTES:-67108864}" --trials 3 || fail_later "process benchmark at $n ranks failed"
+done
 
 [ -z "$failed" ] || die "$failed"
 step "done"

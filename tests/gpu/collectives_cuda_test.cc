@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
@@ -20,6 +23,7 @@
 #include "tests/common/world.h"
 #include "tests/gpu/gpu_test.h"
 #include "tests/gpu/reference_values.h"
+#include "tests/gpu/sm_occupier.h"
 
 namespace chorus::gputest {
 namespace {
@@ -315,6 +319,56 @@ TEST(CudaCollectives, MismatchedCallsOnTheDirectPathAreReportedNotRun) {
   destroy_streams(streams);
 }
 
+// The device-direct all-gather among thread-ranks is copies only (cudaMemcpyAsync between device buffers): it must
+// finish while a kernel holds every thread slot of every SM, which work needing an SM could not do. The issue's
+// "all-gather on copy engines, zero SMs" shown on the device; bench_cuda_collectives measures its bandwidth so.
+TEST(CudaCollectives, DirectAllGatherRunsOnCopyEnginesWhileEverySmIsHeld) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  set_direct(true);
+  const int n = 4;
+  World& w = World::get(n);
+  std::vector<cudaStream_t> streams = make_streams(n);
+  const size_t count = size_t{4} << 20;  // 16 MiB of float32 per rank
+  std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+  for (int r = 0; r < n; ++r) {
+    in.push_back(std::make_unique<DeviceBuffer>(count * 4));
+    out.push_back(std::make_unique<DeviceBuffer>(count * 4 * n));
+    ASSERT_TRUE(in.back()->ok() && out.back()->ok());
+    std::vector<float> x(count);
+    for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(r * 1000 + static_cast<int>(i % 977));
+    ASSERT_EQ(upload(in.back()->get(), x.data(), count * 4), cudaSuccess);
+  }
+  SmOccupier hold;
+  ASSERT_TRUE(hold.ok()) << hold.why();
+  std::atomic<int> finished{0};
+  w.run([&](int r, chorusComm_t comm) {
+    ASSERT_EQ(chorusAllGather(in[r]->get(), out[r]->get(), count, chorusFloat32, comm, streams[r]), chorusSuccess)
+        << chorusGetLastError(comm);
+    // Wait for the stream without blocking on it, at most 20 s (the occupier lets go by itself after 60 s).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    cudaError_t q = cudaErrorNotReady;
+    while ((q = cudaStreamQuery(streams[r])) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(q, cudaSuccess) << "rank " << r << ": the all-gather did not finish in 20 s while every SM ("
+                              << hold.blocks() << " blocks of 1024 threads on " << hold.sms()
+                              << " SMs) was held: it needs an SM";
+    ++finished;
+  });
+  EXPECT_TRUE(hold.holding()) << "the occupying kernel ended before the all-gathers did: nothing was shown";
+  hold.release();
+  ASSERT_EQ(finished.load(), n);
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> y(count * n);
+    ASSERT_EQ(download(y.data(), out[r]->get(), count * 4 * n), cudaSuccess);
+    for (size_t i = 0; i < y.size(); ++i) {
+      const int q = static_cast<int>(i / count);
+      ASSERT_EQ(y[i], static_cast<float>(q * 1000 + static_cast<int>((i % count) % 977)))
+          << "rank " << r << " element " << i;
+    }
+  }
+  destroy_streams(streams);
+}
+
 // Ranks as processes sharing the GPU (each process its own context and stream): through CUDA IPC (mapped buffers,
 // interprocess events), and staged through pinned memory and the shm transport (CHORUS_CUDA_DIRECT=0).
 // tests/gpu/gpu_mp_worker.cc checks every rank's results and prints "gpu-mp: ok".
@@ -322,10 +376,15 @@ TEST(CudaProcesses, TwoAndFourProcessesOnOneGpu) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   for (const char* direct : {"1", "0"})
     for (int n : {2, 4}) {
-      const test::Result r = test::run(std::string("CHORUS_CUDA_DIRECT=") + direct + " " + CHORUSRUN + " -n " +
-                                       std::to_string(n) + " --timeout 120 " + GPU_MP_WORKER);
+      // The INFO log says which path the ranks decided on, so the test knows the IPC path was taken.
+      const test::Result r =
+          test::run(std::string("CHORUS_DEBUG=INFO CHORUS_DEBUG_SUBSYS=RUNTIME CHORUS_CUDA_DIRECT=") + direct + " " +
+                    CHORUSRUN + " -n " + std::to_string(n) + " --timeout 120 " + GPU_MP_WORKER);
       EXPECT_EQ(r.code, 0) << "CHORUS_CUDA_DIRECT=" << direct << "\n" << r.out;
       EXPECT_EQ(test::count_of(r.out, "gpu-mp: ok"), n) << "CHORUS_CUDA_DIRECT=" << direct << "\n" << r.out;
+      EXPECT_EQ(test::count_of(r.out, "device-direct over CUDA IPC"), std::string(direct) == "1" ? n : 0)
+          << "CHORUS_CUDA_DIRECT=" << direct << "\n"
+          << r.out;
     }
 }
 
