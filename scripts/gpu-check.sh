@@ -5,7 +5,8 @@
 # small GPU tests (when compute-sanitizer is there), and prints the kernel and collective benchmark tables (ranks as
 # threads, the copy-engine all-gather with every SM held, the issue's targets, then ranks as 2 and 4 processes). The
 # output starts with the date, the commit and `nvidia-smi -L`, so that it can be pasted as it is into docs/perf/
-# (docs/cuda.md says what to record). Meant to finish in under 8 minutes on 16 cores.
+# (docs/cuda.md says what to record). Meant to finish in under 8 minutes on 16 cores: every step after the build has
+# a time limit (240 + 90 + 90 + 150 + 2 x 60 s at most, far less when nothing hangs).
 #
 # Usage: scripts/gpu-check.sh [--bytes N]   (N: buffer size of the benchmark, default 256 MiB)
 # Exit status: non-zero when the build, a GPU test or the benchmark fails; every failure names its step.
@@ -63,14 +64,14 @@ echo "built: ${targets[*]}"
 failed=""
 fail_later() { echo "gpu-check: FAILED: $*" >&2; [ -n "$failed" ] || failed="$*"; }
 
-step "GPU test suite (chorus_gpu_tests, at most ${SUITE_TIMEOUT:-300} s)"
+step "GPU test suite (chorus_gpu_tests, at most ${SUITE_TIMEOUT:-240} s)"
 set +e
-timeout -k 10 "${SUITE_TIMEOUT:-300}" "$build/chorus_gpu_tests" 2>&1 | tee "$build.gpu-tests.log" \
+timeout -k 10 "${SUITE_TIMEOUT:-240}" "$build/chorus_gpu_tests" 2>&1 | tee "$build.gpu-tests.log" \
   | grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED|RUN) *\]|Failure|Skipped|error'
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-  fail_later "GPU tests timed out after ${SUITE_TIMEOUT:-300} s (the last [ RUN ] above hung; log $build.gpu-tests.log)"
+  fail_later "GPU tests timed out after ${SUITE_TIMEOUT:-240} s (the last [ RUN ] above hung; log $build.gpu-tests.log)"
 elif [ "$rc" != 0 ]; then
   fail_later "GPU tests failed (exit $rc; full log $build.gpu-tests.log)"
 fi
@@ -84,7 +85,7 @@ if [ -z "$sanitizer" ] && [ -x "$(dirname "$(command -v nvcc)")/compute-sanitize
   sanitizer="$(dirname "$(command -v nvcc)")/compute-sanitizer"
 fi
 if [ -n "$sanitizer" ]; then
-  timeout -k 10 120 "$sanitizer" --tool memcheck --error-exitcode 3 "$build/chorus_gpu_tests" --gtest_brief=1 \
+  timeout -k 10 90 "$sanitizer" --tool memcheck --error-exitcode 3 "$build/chorus_gpu_tests" --gtest_brief=1 \
     --gtest_filter='CudaCodec.UnalignedFloatBuffersMatchCpu:CudaReduce.InPlaceMatchesCpu:CudaCollectives.TheHostDoesNotWaitForTheStream' \
     || fail_later "compute-sanitizer memcheck reported errors or timed out"
 else
@@ -92,15 +93,15 @@ else
 fi
 
 step "kernel benchmark (bench_cuda_kernels ${bench_args[*]:-})"
-timeout -k 10 120 "$build/perf/bench_cuda_kernels" "${bench_args[@]}" || fail_later "kernel benchmark failed"
+timeout -k 10 90 "$build/perf/bench_cuda_kernels" "${bench_args[@]}" || fail_later "kernel benchmark failed"
 
 step "collectives on device buffers at 1, 2, 4, 8 thread-ranks, copy-engine all-gather, targets (bench_cuda_collectives)"
-timeout -k 10 180 "$build/perf/bench_cuda_collectives" --max-bytes "${COLL_MAX_BYTES:-268435456}" \
+timeout -k 10 150 "$build/perf/bench_cuda_collectives" --max-bytes "${COLL_MAX_BYTES:-268435456}" \
   || fail_later "collective benchmark failed"
 
 for n in 2 4; do
   step "collectives on device buffers at $n processes on one GPU (chorusrun -n $n bench_cuda_collectives --processes)"
-  timeout -k 10 90 "$build/chorusrun" -n "$n" --timeout 80 "$build/perf/bench_cuda_collectives" --processes \
+  timeout -k 10 60 "$build/chorusrun" -n "$n" --timeout 50 "$build/perf/bench_cuda_collectives" --processes \
     --max-bytes "${PROC_MAX_BYTES:-67108864}" --trials 3 || fail_later "process benchmark at $n ranks failed"
 done
 

@@ -13,9 +13,9 @@
  *  - All ranks of a communicator call its collectives in the same order with matching arguments. A mismatch
  *    (different collective, count, dtype, op or root) is detected and reported on every rank.
  *  - Buffers: host memory with stream NULL, and the call blocks until the operation is complete. In a CUDA build
- *    the blocking collectives also take device buffers: given a cudaStream_t (or device buffers with stream NULL,
- *    the legacy default stream) the call is ordered on the stream and returns at once (docs/cuda.md); the
- *    non-blocking forms and chorusSend/chorusRecv take host buffers only.
+ *    the blocking collectives, chorusSend and chorusRecv also take device buffers: given a cudaStream_t (or device
+ *    buffers with stream NULL, the legacy default stream) the call is ordered on the stream and returns at once
+ *    (docs/cuda.md); the non-blocking forms take host buffers only.
  */
 #ifndef CHORUS_CHORUS_H_
 #define CHORUS_CHORUS_H_
@@ -258,7 +258,9 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
 chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream);
 /* Point to point. Between two ranks, sends and receives match in the order they are called. Inside
  * chorusGroupStart/End they are issued together at chorusGroupEnd (so a rank may send to and receive from the
- * same peer without deadlock). */
+ * same peer without deadlock). Device buffers (CUDA build): ordered on `stream` as the collectives are, staged
+ * through pinned host memory; the calls of one communicator in a group take the same stream (else
+ * chorusInvalidUsage) and all device buffers or all host buffers (else chorusInvalidArgument naming the buffer). */
 chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream);
 chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,

@@ -88,9 +88,14 @@ void retire(chorusComm* comm) {
 }
 
 // Group state: point-to-point calls between chorusGroupStart and chorusGroupEnd, per thread.
+struct GroupOp {
+  chorusComm* comm = nullptr;
+  P2POp op;
+  chorusStream_t stream = nullptr;
+};
 struct GroupState {
   int depth = 0;
-  std::vector<std::pair<chorusComm*, P2POp>> ops;
+  std::vector<GroupOp> ops;
 };
 thread_local GroupState t_group;
 
@@ -151,25 +156,42 @@ chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* reques
   });
 }
 
+// Runs the point-to-point calls `a` of one communicator: stream-ordered when there is a stream or a device buffer
+// (staged through pinned host memory, src/runtime/cuda_stream.h), else on the host.
+void run_p2p(CommImpl& c, CollArgs a, chorusStream_t stream) {
+  CommImpl::Guard guard(c);
+#ifdef CHORUS_WITH_CUDA
+  if (stream != nullptr || uses_device(a)) {
+    cuda_stream::enqueue(c, std::move(a), stream);
+    return;
+  }
+#endif
+  c.run_blocking(std::move(a));
+}
+
 chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chorusDataType_t dtype, int peer,
                    chorusStream_t stream) {
   return guarded(comm, [&] {
     CommImpl& c = live(comm);
+#ifndef CHORUS_WITH_CUDA
     if (stream != nullptr)
       throw Error(chorusNotSupported, Subsys::Core,
-                  "stream: chorusSend/chorusRecv take host buffers and stream NULL (device buffers are not "
-                  "supported for point-to-point yet)");
+                  "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
+#endif
     CollArgs a;
     a.coll = algo::Coll::SendRecv;
     a.p2p.push_back({is_send, peer, buf, count, dtype});
-    host_buffers_only(a, "chorusSend/chorusRecv");
     c.validate(a);
     if (t_group.depth > 0) {
-      t_group.ops.push_back({comm, a.p2p[0]});
+      for (const GroupOp& g : t_group.ops)
+        if (g.comm == comm && g.stream != stream)
+          throw Error(chorusInvalidUsage, Subsys::Core,
+                      "stream: the point-to-point calls of one communicator in a group take one stream (this call's "
+                      "differs from an earlier call's)");
+      t_group.ops.push_back({comm, a.p2p[0], stream});
       return;
     }
-    CommImpl::Guard guard(c);
-    c.run_blocking(std::move(a));
+    run_p2p(c, std::move(a), stream);
   });
 }
 
@@ -543,18 +565,21 @@ chorusResult_t chorusGroupEnd(void) {
   t_group.ops.clear();
   // One program per communicator, issued in the order communicators first appeared in the group.
   std::vector<chorusComm*> order;
-  for (auto& [c, op] : ops)
-    if (std::find(order.begin(), order.end(), c) == order.end()) order.push_back(c);
+  for (const GroupOp& g : ops)
+    if (std::find(order.begin(), order.end(), g.comm) == order.end()) order.push_back(g.comm);
   chorusResult_t result = chorusSuccess;
   for (chorusComm* comm : order) {
     chorusResult_t r = guarded(comm, [&] {
       CommImpl& c = live(comm);
       CollArgs a;
       a.coll = algo::Coll::SendRecv;
-      for (auto& [cc, op] : ops)
-        if (cc == comm) a.p2p.push_back(op);
-      CommImpl::Guard guard(c);
-      c.run_blocking(std::move(a));
+      chorusStream_t stream = nullptr;  // the same for every call of this communicator (checked when added)
+      for (const GroupOp& g : ops)
+        if (g.comm == comm) {
+          a.p2p.push_back(g.op);
+          stream = g.stream;
+        }
+      run_p2p(c, std::move(a), stream);
     });
     if (result == chorusSuccess) result = r;
   }

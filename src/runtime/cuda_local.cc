@@ -163,6 +163,14 @@ void check_peer_access(const std::vector<Entry>& in, int me) {
     }
 }
 
+// An exported interprocess event that peers may still wait on: never destroyed (three per communicator).
+void keep_until_exit(cudaEvent_t e) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<cudaEvent_t>();
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(e);
+}
+
 // Three events per communicator, reused call after call: a peer's cudaStreamWaitEvent takes the record that was
 // current when it was enqueued, and the rendezvous orders every re-record after those. Made again when the
 // communicator's calls move to another device. Ranks that are processes create them interprocess and keep what they
@@ -175,19 +183,48 @@ struct Events {
   unsigned char uuid[16] = {};                // the device's UUID: ranks compare it to know they share the GPU
   std::map<std::string, void*> mapped;        // (peer, allocation handle) -> its base mapped here
   std::map<std::string, cudaEvent_t> opened;  // (peer, event handle) -> the event opened here
+  // Per stream this communicator's calls ran on, an event recorded after the call's last work there: what must end
+  // before the mappings close (not the whole device, whose other work may wait on things that come later).
+  std::map<cudaStream_t, cudaEvent_t> tails;
+
+  void record_tail(cudaStream_t s) {
+    auto it = tails.find(s);
+    if (it == tails.end()) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      it = tails.emplace(s, e).first;
+    }
+    check(cudaEventRecord(it->second, s), "cudaEventRecord");
+  }
+  // Waits (host) for the last call on every stream; returns the first error.
+  cudaError_t wait_tails() {
+    cudaError_t first = cudaSuccess;
+    for (auto& [s, e] : tails) {
+      const cudaError_t err = cudaEventSynchronize(e);
+      if (first == cudaSuccess) first = err;
+    }
+    return first;
+  }
+
   ~Events() {
-    // Released in the device's context (closing a mapping elsewhere would leak it); never throws.
+    // Released in the device's context (closing a mapping elsewhere would leak it); never throws. Our streams may
+    // still read peers' mapped buffers: they end first.
     int prev = -1;
     const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device && cudaSetDevice(device) == cudaSuccess;
-    // Our streams may still read peers' mapped buffers or wait on their events, and peers' streams on our exported
-    // events: let this device's work finish first. It ends, since every wait it holds is on an event its rank
-    // recorded before the rendezvous that published it; a peer's own teardown waits alike for its stream, which
-    // waits for our "done", so no rank releases what another still reads.
-    if (!mapped.empty() || !opened.empty()) cudaDeviceSynchronize();
+    wait_tails();
+    for (auto& [s, e] : tails) cudaEventDestroy(e);
     for (auto& [key, base] : mapped) cudaIpcCloseMemHandle(base);
     for (auto& [key, e] : opened) cudaEventDestroy(e);
-    for (cudaEvent_t e : {ready, mid, done})
-      if (e != nullptr) cudaEventDestroy(e);
+    for (cudaEvent_t e : {ready, mid, done}) {
+      if (e == nullptr) continue;
+      // A peer's stream may not have run (or its host not yet enqueued) its wait on our last "done" record, and
+      // using an imported event after its exporter destroyed it is undefined (CUDA runtime API, IPC): the three
+      // exported events of a communicator that used CUDA IPC are kept until the process exits.
+      if (interprocess)
+        keep_until_exit(e);
+      else
+        cudaEventDestroy(e);
+    }
     if (switched) cudaSetDevice(prev);
     cudaGetLastError();
   }
@@ -342,6 +379,7 @@ void run_schedule(CommImpl& comm, const CollArgs& a, cudaStream_t s, int device,
   check(cudaEventRecord(ev.done, s), "cudaEventRecord");
   const std::vector<Entry> done = exchange(2, Entry{send, recv, ev.done, device});
   wait_peers(done, me, s);
+  if (ev.interprocess) ev.record_tail(s);  // what teardown and make_room wait for before closing mappings
 }
 
 Entry call_entry(const CollArgs& a, cudaEvent_t event, int device) {
@@ -433,13 +471,13 @@ std::string key_of(int peer, const void* handle, size_t bytes) {
 }
 
 // Peers' buffers are mapped into this process once per allocation and kept until the communicator is destroyed, at
-// most kMaxMapped of them: a call that would need more first waits for the device to be idle and closes them all
-// (before it maps anything, so it never closes a mapping it uses).
+// most kMaxMapped of them: a call that would need more first waits for this communicator's earlier calls to end on
+// the device and closes them all (before it maps anything, so it never closes a mapping it uses).
 constexpr size_t kMaxMapped = 256;
 
 void make_room(Events& ev, size_t needed) {
   if (ev.mapped.size() + needed <= kMaxMapped) return;
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before closing IPC mappings)");
+  check(ev.wait_tails(), "cudaEventSynchronize (before closing IPC mappings)");
   for (auto& [k, base] : ev.mapped) cudaIpcCloseMemHandle(base);
   ev.mapped.clear();
 }
@@ -538,7 +576,7 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
     check(cudaEventRecord(evp->ready, s), "cudaEventRecord");
     mine.event_h = evp->ready_h;
     std::memcpy(mine.uuid, evp->uuid, sizeof(mine.uuid));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     local_failure = e.what();
     mine.failed = 1;
   }
@@ -558,11 +596,17 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
     comm.break_with(e);  // this rank's device state is unknown
     throw e;
   }
-  for (int q = 0; q < n; ++q)
-    if (w0[q].failed == 1)
-      throw Error(chorusRemoteError, Subsys::Core,
-                  cat("rank ", me, ": rank ", q, " could not enqueue the device collective (a CUDA error there; ",
-                      "nothing was enqueued here)"));
+  // A peer that failed is broken, so this communicator is too (its next call would wait for that peer in vain).
+  auto fail_if_a_peer_failed = [&](const std::vector<Wire>& got, const char* when) {
+    for (int q = 0; q < n; ++q)
+      if (got[q].failed == 1) {
+        const Error e(chorusRemoteError, Subsys::Core,
+                      cat("rank ", me, ": rank ", q, " failed ", when, " of a device collective (a CUDA error there)"));
+        comm.break_with(e);
+        throw e;
+      }
+  };
+  fail_if_a_peer_failed(w0, "before the start (nothing was enqueued here)");
   Events& ev = *evp;
   std::vector<Entry> in(static_cast<size_t>(n));
   bool usable = true;
@@ -580,6 +624,10 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
     CHORUS_TRACE(Runtime, "rank %d: %s staged: a rank's buffer has no CUDA IPC handle", me, algo::coll_name(a.coll));
     return false;
   }
+  // A failure here after phase 0 is published at the next rendezvous the peers wait in (all-reduce: 1, else 2), so
+  // that they fail at once instead of at their timeout; one that comes from the rendezvous itself is not.
+  int next_phase = a.coll == Coll::AllReduce ? 1 : 2;
+  bool from_rendezvous = false;
   try {
     static const cudaIpcMemHandle_t none{};
     auto has = [](const cudaIpcMemHandle_t& h) { return std::memcmp(&h, &none, sizeof(none)) != 0; };
@@ -605,15 +653,31 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
       Wire w;
       std::memset(static_cast<void*>(&w), 0, sizeof(w));
       w.event_h = phase == 1 ? ev.mid_h : ev.done_h;
+      from_rendezvous = true;
       const std::vector<Wire> got = all_gather(comm, w);
+      fail_if_a_peer_failed(got, "during the call");
+      from_rendezvous = false;
+      next_phase = phase + 1;
       std::vector<Entry> out = in;
       for (int q = 0; q < n; ++q) out[q].event = q == me ? e.event : open_peer_event(ev, q, got[q].event_h);
       return out;
     });
-  } catch (const Error& e) {
+  } catch (const std::exception& x) {
+    const auto* known = dynamic_cast<const Error*>(&x);
+    const Error e = known != nullptr ? *known : Error(chorusInternalError, Subsys::Core, x.what());
+    if (!from_rendezvous && next_phase <= 2) {
+      Wire w;
+      std::memset(static_cast<void*>(&w), 0, sizeof(w));
+      w.failed = 1;
+      try {
+        all_gather(comm, w);
+      } catch (const Error&) {
+        // the peers are failing already
+      }
+    }
     // Peers' streams may wait for events recorded here, and ours for theirs: nothing later can be trusted.
     comm.break_with(e);
-    throw;
+    throw e;
   }
   return true;
 }

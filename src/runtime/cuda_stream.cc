@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/communicator.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/host_flag.cuh"
 #include "runtime/cuda_local.h"
@@ -253,60 +254,125 @@ bool is_device_pointer(const void* p) {
   return type == CU_MEMORYTYPE_DEVICE;
 }
 
+namespace {
+
+// One copy between a device buffer and the call's staging: `bytes` at `dev` and at staging offset `off`.
+struct Segment {
+  std::byte* dev = nullptr;
+  size_t off = 0;
+  size_t bytes = 0;
+};
+
+// Where a call's buffers go in its staging (`total` bytes): copied in before the call runs (what the rank sends),
+// copied out after (what it receives). The receive region [recv_off, recv_off + recv_bytes) is zeroed should the
+// call fail. A collective's sendbuff and recvbuff sit at send_at and recv_at.
+struct StagingPlan {
+  std::vector<Segment> in, out;
+  size_t total = 0, recv_off = 0, recv_bytes = 0;
+  size_t send_at = 0, recv_at = 0;
+};
+
+size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
+
+[[noreturn]] void not_device(const char* name) {
+  throw Error(chorusInvalidArgument, Subsys::Core,
+              cat(name,
+                  " is not device memory: a call with a stream (or with device buffers) takes device buffers "
+                  "for every buffer; pass stream NULL and host buffers for a host call"));
+}
+
+// A collective: one region when sendbuff and recvbuff overlap (an in-place call keeps their relative offsets), else
+// send then receive.
+StagingPlan plan_collective(const CommImpl& comm, const CollArgs& a) {
+  const CommImpl::Extents ext = comm.extents(a);
+  if (ext.send > 0 && !is_device_pointer(a.send)) not_device("sendbuff");
+  if (ext.recv > 0 && !is_device_pointer(a.recv)) not_device("recvbuff");
+  auto* s = static_cast<std::byte*>(const_cast<void*>(a.send));
+  auto* d = static_cast<std::byte*>(a.recv);
+  const bool overlap = a.send == a.recv || (ext.send > 0 && ext.recv > 0 && s < d + ext.recv && d < s + ext.send);
+  StagingPlan plan;
+  if (overlap) {
+    std::byte* base = std::min(s, d);
+    plan.send_at = static_cast<size_t>(s - base);
+    plan.recv_at = static_cast<size_t>(d - base);
+    plan.total = std::max(plan.send_at + ext.send, plan.recv_at + ext.recv);
+  } else {
+    plan.recv_at = round_up(ext.send);
+    plan.total = plan.recv_at + ext.recv;
+  }
+  if (ext.send > 0) plan.in.push_back({s, plan.send_at, ext.send});
+  // All-to-allv writes only its displaced blocks: the rest of the receive region keeps its bytes.
+  if (a.coll == algo::Coll::AllToAllv && ext.recv > 0 && !overlap) plan.in.push_back({d, plan.recv_at, ext.recv});
+  if (ext.recv > 0) plan.out.push_back({d, plan.recv_at, ext.recv});
+  plan.recv_off = plan.recv_at;
+  plan.recv_bytes = ext.recv;
+  return plan;
+}
+
+// Point-to-point (one call, or a group's calls on this communicator): every send's bytes, then every receive's,
+// each at a 256-byte boundary; a receive's bytes are its own even where device buffers overlap.
+StagingPlan plan_p2p(const CollArgs& a) {
+  StagingPlan plan;
+  for (const bool sends : {true, false}) {
+    if (!sends) plan.recv_off = plan.total;
+    for (const P2POp& op : a.p2p) {
+      const size_t bytes = op.count * dtype_size(op.dtype);
+      if (op.is_send != sends || bytes == 0) continue;
+      if (!is_device_pointer(op.buf)) not_device(sends ? "sendbuff" : "recvbuff");
+      (sends ? plan.in : plan.out).push_back({static_cast<std::byte*>(op.buf), plan.total, bytes});
+      plan.total = round_up(plan.total + bytes);
+    }
+  }
+  plan.recv_bytes = plan.total - plan.recv_off;
+  return plan;
+}
+
+// Points the call's buffers at their places in the staging `st` (in the plan's order for point-to-point).
+void point_into(CollArgs& a, const StagingPlan& plan, std::byte* st) {
+  if (a.coll != algo::Coll::SendRecv) {
+    if (a.send != nullptr) a.send = st + plan.send_at;
+    if (a.recv != nullptr) a.recv = st + plan.recv_at;
+    return;
+  }
+  size_t next_in = 0, next_out = 0;
+  for (P2POp& op : a.p2p) {
+    if (op.count * dtype_size(op.dtype) == 0) continue;
+    const Segment& g = op.is_send ? plan.in[next_in++] : plan.out[next_out++];
+    op.buf = st + g.off;
+  }
+}
+
+}  // namespace
+
 void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
   auto stream = reinterpret_cast<cudaStream_t>(user_stream);
-  auto bad = [](const std::string& why) { throw Error(chorusInvalidArgument, Subsys::Core, why); };
-  if (a.coll == algo::Coll::SendRecv)
-    throw Error(chorusNotSupported, Subsys::Core,
-                "chorusSend/chorusRecv on device buffers or with a stream are not supported yet");
   if (a.error_feedback != nullptr && is_device_pointer(a.error_feedback))
-    bad("options->compression->error_feedback is device memory: the residual must be host memory");
-  const CommImpl::Extents ext = comm.extents(a);
+    throw Error(chorusInvalidArgument, Subsys::Core,
+                "options->compression->error_feedback is device memory: the residual must be host memory");
+  const bool p2p = a.coll == algo::Coll::SendRecv;
+  const StagingPlan plan = p2p ? plan_p2p(a) : plan_collective(comm, a);
   // Nothing to move (count 0): nothing to order either, as a host call of count 0 does nothing.
-  if (ext.send == 0 && ext.recv == 0 && a.coll != algo::Coll::Barrier) return;
-  const bool send_dev = is_device_pointer(a.send), recv_dev = is_device_pointer(a.recv);
-  if (ext.send > 0 && !send_dev)
-    bad("sendbuff is not device memory: a call with a stream (or with device buffers) takes device buffers for "
-        "both sendbuff and recvbuff; pass stream NULL and host buffers for a host call");
-  if (ext.recv > 0 && !recv_dev)
-    bad("recvbuff is not device memory: a call with a stream (or with device buffers) takes device buffers for "
-        "both sendbuff and recvbuff; pass stream NULL and host buffers for a host call");
+  if (plan.in.empty() && plan.out.empty() && a.coll != algo::Coll::Barrier) return;
   // Ranks that are threads of this process, or processes on this GPU, read each other's device buffers directly.
-  if (cuda_local::applies(comm, a, user_stream) && cuda_local::enqueue(comm, a, user_stream)) return;
+  if (!p2p && cuda_local::applies(comm, a, user_stream) && cuda_local::enqueue(comm, a, user_stream)) return;
   // The wait kernel (and the staging's pool) belong to the stream's device.
   OnDevice on(stream_device(user_stream));
 
-  // Staging geometry: an in-place call keeps its buffers' relative offsets (one region), else send then receive.
-  const auto* s = static_cast<const std::byte*>(a.send);
-  auto* d = static_cast<std::byte*>(a.recv);
-  const bool same = a.send == a.recv;
-  const bool overlap = same || (ext.send > 0 && ext.recv > 0 && s < d + ext.recv && d < s + ext.send);
-  size_t s_off = 0, d_off = 0, total = 0;
-  if (overlap) {
-    const std::byte* base = std::min<const std::byte*>(s, d);
-    s_off = static_cast<size_t>(s - base);
-    d_off = static_cast<size_t>(d - base);
-    total = std::max(s_off + ext.send, d_off + ext.recv);
-  } else {
-    d_off = (ext.send + 255) / 256 * 256;
-    total = d_off + ext.recv;
-  }
-
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  if (capture == cudaStreamCaptureStatusInvalidated) bad("stream: its graph capture was invalidated");
+  if (capture == cudaStreamCaptureStatusInvalidated)
+    throw Error(chorusInvalidArgument, Subsys::Core, "stream: its graph capture was invalidated");
   const bool capturing = capture == cudaStreamCaptureStatusActive;
 
   auto op = std::make_unique<Op>();
   op->comm = &comm;
-  op->staging = pool().take(std::max<size_t>(total, 1));
+  op->staging = pool().take(std::max<size_t>(plan.total, 1));
   std::byte* st = op->staging->host;
   op->args = std::move(a);
-  if (op->args.send != nullptr) op->args.send = st + s_off;
-  if (op->args.recv != nullptr) op->args.recv = st + d_off;
+  point_into(op->args, plan, st);
   uint32_t* flag = op->staging->flag;
-  op->recv = ext.recv > 0 ? st + d_off : nullptr;
-  op->recv_bytes = ext.recv;
+  op->recv = plan.recv_bytes > 0 ? st + plan.recv_off : nullptr;
+  op->recv_bytes = plan.recv_bytes;
   // Everything that can fail without running the call, before anything that commits to it.
   cudaGraph_t graph = nullptr;
   if (capturing) check(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph), "cudaStreamGetCaptureInfo");
@@ -314,14 +380,13 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
 
   bool posted = false;
   try {
-    if (ext.send > 0) check(cudaMemcpyAsync(st + s_off, s, ext.send, cudaMemcpyDeviceToHost, stream), "staging in");
-    // All-to-allv writes only its displaced blocks: the rest of the receive region keeps its bytes.
-    if (op->args.coll == algo::Coll::AllToAllv && ext.recv > 0 && !overlap)
-      check(cudaMemcpyAsync(st + d_off, d, ext.recv, cudaMemcpyDeviceToHost, stream), "staging in (recvbuff)");
+    for (const Segment& g : plan.in)
+      check(cudaMemcpyAsync(st + g.off, g.dev, g.bytes, cudaMemcpyDeviceToHost, stream), "staging in");
     check(cudaLaunchHostFunc(stream, post_call, op.get()), "cudaLaunchHostFunc (post)");
     posted = true;
     kernels::cuda::wait_host_flag(op->staging->flag_dev, 1, stream);
-    if (ext.recv > 0) check(cudaMemcpyAsync(d, st + d_off, ext.recv, cudaMemcpyHostToDevice, stream), "staging out");
+    for (const Segment& g : plan.out)
+      check(cudaMemcpyAsync(g.dev, st + g.off, g.bytes, cudaMemcpyHostToDevice, stream), "staging out");
     if (capturing) {
       // The graph owns the call from here: its staging lives until the graph is destroyed.
       cudaUserObject_t obj = nullptr;

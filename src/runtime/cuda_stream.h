@@ -1,5 +1,5 @@
-// Collectives on device buffers, ordered on the caller's CUDA stream (docs/cuda.md). Built only with CUDA
-// (CHORUS_WITH_CUDA); this header names no CUDA type, so the API layer can include it either way.
+// Collectives and point-to-point calls on device buffers, ordered on the caller's CUDA stream (docs/cuda.md). Built
+// only with CUDA (CHORUS_WITH_CUDA); this header names no CUDA type, so the API layer can include it either way.
 //
 // Data flow of one call, all enqueued on the caller's stream, nothing waited for on the host:
 //   1. cudaMemcpyAsync device -> pinned host staging of what the rank sends (the receive region too, for
@@ -41,12 +41,13 @@ namespace cuda_stream {
 // pinned host memory, null and pointers CUDA does not know are not. Never throws.
 bool is_device_pointer(const void* p);
 
-// Enqueues the validated call `a` on `stream` (NULL: the legacy default stream). Its send and receive buffers must
-// both be device memory (or null where the rank does not use one). Throws chorusInvalidArgument for a mix of device
-// and host buffers or a device error-feedback residual, chorusNotSupported for point-to-point calls,
-// chorusUnhandledCudaError when CUDA fails before the call is committed to the stream (nothing is enqueued then); a
-// failure after that breaks the communicator (later calls fail with it).
-// A call of count 0 does nothing.
+// Enqueues the validated call `a` on `stream` (NULL: the legacy default stream): a collective, or point-to-point
+// calls (Coll::SendRecv: one chorusSend/chorusRecv, or a group's calls on this communicator, all staged; every
+// send's bytes are copied in before the call runs and every receive's copied out after). Its buffers must all be
+// device memory (or null where the rank does not use one). Throws chorusInvalidArgument for a mix of device and host
+// buffers (naming sendbuff or recvbuff) or a device error-feedback residual, chorusUnhandledCudaError when CUDA fails
+// before the call is committed to the stream (nothing is enqueued then); a failure after that breaks the
+// communicator (later calls fail with it). A call that moves no bytes (count 0) does nothing.
 void enqueue(CommImpl& comm, CollArgs a, chorusStream_t stream);
 
 // The CUDA driver function `name` (as of the CUDA 12 API), looked up through the runtime since libchorus does not

@@ -300,6 +300,18 @@ TEST(CudaCollectives, MixedOrUnsupportedBuffersAreClearErrors) {
     ASSERT_EQ(chorusAllReduce(host.data(), host.data(), 1024, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess);
     for (float v : host) ASSERT_EQ(v, 2.0f) << "rank " << r;
   });
+  // Point-to-point: host and device buffers are not mixed in one call or one group.
+  w.run([&](int r, chorusComm_t comm) {
+    DeviceBuffer dev(4096);
+    std::vector<float> host(1024, 1.0f);
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusSend(dev.get(), 1024, chorusFloat32, 1 - r, comm, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusRecv(host.data(), 1024, chorusFloat32, 1 - r, comm, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
+    EXPECT_NE(std::string(chorusGetLastError(comm)).find("recvbuff is not device memory"), std::string::npos)
+        << chorusGetLastError(comm);
+    for (float v : host) ASSERT_EQ(v, 1.0f);
+  });
 }
 
 TEST(CudaCollectives, MismatchedCallsOnTheDirectPathAreReportedNotRun) {
@@ -315,6 +327,60 @@ TEST(CudaCollectives, MismatchedCallsOnTheDirectPathAreReportedNotRun) {
     EXPECT_NE(std::string(chorusGetLastError(comm)).find("mismatched device collective"), std::string::npos)
         << chorusGetLastError(comm);
     EXPECT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+  });
+  destroy_streams(streams);
+}
+
+// chorusSend/chorusRecv on device buffers, ordered on each rank's stream (staged through pinned host memory): a
+// group exchanging with both ring neighbours and with the rank itself, then single calls from rank 0 to rank 1.
+TEST(CudaCollectives, PointToPointOnDeviceBuffersInAGroupAndAlone) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const int n = 4;
+  World& w = World::get(n);
+  std::vector<cudaStream_t> streams = make_streams(n);
+  const size_t count = 100003;
+  auto val = [](int rank, int tag, size_t i) {
+    return static_cast<float>(rank * 100 + tag * 10 + static_cast<int>(i % 7));
+  };
+  w.run([&](int r, chorusComm_t comm) {
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    DeviceBuffer to_next(count * 4), to_self(count * 4), from_prev(count * 4), from_self(count * 4);
+    ASSERT_TRUE(to_next.ok() && to_self.ok() && from_prev.ok() && from_self.ok());
+    std::vector<float> x(count), y(count);
+    for (size_t i = 0; i < count; ++i) x[i] = val(r, 1, i);
+    ASSERT_EQ(upload(to_next.get(), x.data(), count * 4), cudaSuccess);
+    for (size_t i = 0; i < count; ++i) x[i] = val(r, 2, i);
+    ASSERT_EQ(upload(to_self.get(), x.data(), count * 4), cudaSuccess);
+    cudaStream_t s = streams[r];
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusRecv(from_prev.get(), count, chorusFloat32, prev, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusSend(to_next.get(), count, chorusFloat32, next, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusSend(to_self.get(), count, chorusFloat32, r, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusRecv(from_self.get(), count, chorusFloat32, r, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(comm);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    chorusResult_t async = chorusSuccess;
+    ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+    ASSERT_EQ(async, chorusSuccess) << chorusGetLastError(comm);
+    ASSERT_EQ(download(y.data(), from_prev.get(), count * 4), cudaSuccess);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], val(prev, 1, i)) << "rank " << r << " element " << i;
+    ASSERT_EQ(download(y.data(), from_self.get(), count * 4), cudaSuccess);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], val(r, 2, i)) << "rank " << r << " element " << i;
+    // Alone: rank 0 sends to rank 1 (in two calls of different sizes); the other ranks do nothing.
+    if (r == 0) {
+      ASSERT_EQ(chorusSend(to_next.get(), count, chorusFloat32, 1, comm, s), chorusSuccess);
+      ASSERT_EQ(chorusSend(to_self.get(), 5, chorusFloat32, 1, comm, s), chorusSuccess);
+    } else if (r == 1) {
+      ASSERT_EQ(chorusRecv(from_prev.get(), count, chorusFloat32, 0, comm, s), chorusSuccess);
+      ASSERT_EQ(chorusRecv(from_self.get(), 5, chorusFloat32, 0, comm, s), chorusSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    if (r == 1) {
+      ASSERT_EQ(download(y.data(), from_prev.get(), count * 4), cudaSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], val(0, 1, i)) << "element " << i;
+      ASSERT_EQ(download(y.data(), from_self.get(), 5 * 4), cudaSuccess);
+      for (size_t i = 0; i < 5; ++i) ASSERT_EQ(y[i], val(0, 2, i)) << "element " << i;
+    }
   });
   destroy_streams(streams);
 }

@@ -2,7 +2,8 @@
 // sharing one GPU, device buffers on each process's stream. All-reduce, reduce-scatter, all-gather, broadcast,
 // reduce and all-to-all, a few dtypes and every op of the reductions, in place and out of place (all-to-all out of
 // place), checked against values computed on the host, and an all-reduce on stream-ordered pool memory (no IPC
-// handle: staged); prints "gpu-mp: ok" when every check passed.
+// handle: staged) and a ring exchange of chorusSend/chorusRecv on device buffers; prints "gpu-mp: ok" when every
+// check passed.
 // Exits 2 (skip) without a CUDA device.
 #include <chorus/chorus.h>
 #include <cuda_runtime_api.h>
@@ -51,14 +52,18 @@ double reduced(chorusRedOp_t op, size_t j, bool is_float) {
   return v;
 }
 
+// Every check uses the same two device buffers, allocated once (buffer_bytes() each) and freed after the communicator
+// is destroyed: peers keep an allocation mapped until then (docs/cuda.md).
+constexpr size_t kCount = 1003;
+size_t buffer_bytes() { return std::max<size_t>(kCount * static_cast<size_t>(g_n) * 8, 70001 * 4); }
+
 template <typename T>
-int run_type(chorusComm_t comm, cudaStream_t s, chorusDataType_t t) {
+int run_type(chorusComm_t comm, cudaStream_t s, chorusDataType_t t, void* send_buf, void* recv_buf) {
   const bool is_float = std::is_floating_point_v<T>;
-  const size_t count = 1003;
+  const size_t count = kCount;
   const size_t n = static_cast<size_t>(g_n), r = static_cast<size_t>(g_rank);
-  T *dsend = nullptr, *drecv = nullptr;
-  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dsend), count * n * sizeof(T)));
-  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&drecv), count * n * sizeof(T)));
+  T* dsend = static_cast<T*>(send_buf);
+  T* drecv = static_cast<T*>(recv_buf);
   std::vector<T> in(count * n), out(count * n);
   int bad = 0;
   auto expect = [&](const char* what, bool in_place, size_t i, double want, T got) {
@@ -129,8 +134,6 @@ int run_type(chorusComm_t comm, cudaStream_t s, chorusDataType_t t) {
         expect("all-to-all", false, j, value(static_cast<int>(j / count), r * count + j % count, chorusSum), out[j]);
     }
   }
-  cudaFree(dsend);
-  cudaFree(drecv);
   return bad == 0 ? 0 : 1;
 }
 
@@ -157,6 +160,31 @@ int run_pool_buffers(chorusComm_t comm, cudaStream_t s) {
   return bad == 0 ? 0 : 1;
 }
 
+// chorusSend/chorusRecv on device buffers in a group: each rank sends to the next and receives from the previous.
+int run_ring_exchange(chorusComm_t comm, cudaStream_t s, void* send_buf, void* recv_buf) {
+  const size_t count = 70001;
+  const int next = (g_rank + 1) % g_n, prev = (g_rank + g_n - 1) % g_n;
+  auto* dsend = static_cast<int32_t*>(send_buf);
+  auto* drecv = static_cast<int32_t*>(recv_buf);
+  std::vector<int32_t> in(count), out(count);
+  for (size_t j = 0; j < count; ++j) in[j] = static_cast<int32_t>(g_rank * 1000003 + j);
+  CHECK_CUDA(cudaMemcpy(dsend, in.data(), count * sizeof(int32_t), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CHORUS(chorusGroupStart(), comm);
+  CHECK_CHORUS(chorusSend(dsend, count, chorusInt32, next, comm, s), comm);
+  CHECK_CHORUS(chorusRecv(drecv, count, chorusInt32, prev, comm, s), comm);
+  CHECK_CHORUS(chorusGroupEnd(), comm);
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaMemcpy(out.data(), drecv, count * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  for (size_t j = 0; j < count; ++j)
+    if (out[j] != static_cast<int32_t>(prev * 1000003 + j)) {
+      std::printf("FAIL rank %d: ring exchange element %zu: %d, expected %d\n", g_rank, j, out[j],
+                  static_cast<int32_t>(prev * 1000003 + j));
+      return 1;
+    }
+  return 0;
+}
+
 }  // namespace
 
 int main() {
@@ -174,14 +202,22 @@ int main() {
   chorusCommCount(comm, &g_n);
   cudaStream_t s = nullptr;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 1;
+  void *send_buf = nullptr, *recv_buf = nullptr;
+  if (cudaMalloc(&send_buf, buffer_bytes()) != cudaSuccess || cudaMalloc(&recv_buf, buffer_bytes()) != cudaSuccess) {
+    std::printf("FAIL rank %d: cudaMalloc\n", g_rank);
+    return 1;
+  }
   int rc = 0;
-  rc |= run_type<int32_t>(comm, s, chorusInt32);
-  rc |= run_type<float>(comm, s, chorusFloat32);
-  rc |= run_type<double>(comm, s, chorusFloat64);
-  rc |= run_type<int64_t>(comm, s, chorusInt64);
+  rc |= run_type<int32_t>(comm, s, chorusInt32, send_buf, recv_buf);
+  rc |= run_type<float>(comm, s, chorusFloat32, send_buf, recv_buf);
+  rc |= run_type<double>(comm, s, chorusFloat64, send_buf, recv_buf);
+  rc |= run_type<int64_t>(comm, s, chorusInt64, send_buf, recv_buf);
   rc |= run_pool_buffers(comm, s);
+  rc |= run_ring_exchange(comm, s, send_buf, recv_buf);
   cudaStreamDestroy(s);
   chorusCommDestroy(comm);
+  cudaFree(send_buf);
+  cudaFree(recv_buf);
   if (rc == 0) std::printf("gpu-mp: ok (rank %d of %d)\n", g_rank, g_n);
   return rc;
 }

@@ -49,6 +49,14 @@ SmOccupier::SmOccupier(int wait_ms, int max_ms) {
     why_ = error_text("device attributes", e);
     return;
   }
+  // Every thread slot must be taken, or a block of other work could still start beside ours.
+  int max_threads = 0;
+  if (cudaDeviceGetAttribute(&max_threads, cudaDevAttrMaxThreadsPerMultiProcessor, device) != cudaSuccess ||
+      per_sm * kThreads != max_threads) {
+    why_ = std::to_string(per_sm) + " blocks of " + std::to_string(kThreads) + " threads per SM do not take its " +
+           std::to_string(max_threads) + " thread slots: this device cannot be fully held so";
+    return;
+  }
   blocks_ = sms_ * per_sm;
   if (cudaHostAlloc(reinterpret_cast<void**>(&flags_), sizeof(uint32_t) * (1 + blocks_), cudaHostAllocMapped) !=
       cudaSuccess) {

@@ -159,5 +159,39 @@ TEST(StreamArgument, HostBuffersWithAStreamAreAClearErrorAndChangeNothing) {
   });
 }
 
+TEST(StreamArgument, PointToPointWithAStreamTakesDeviceBuffersOnly) {
+  test::World& w = test::World::get(2);
+  w.run([](int r, chorusComm_t c) {
+    std::vector<float> x(16, 1.0f + r), y(16, 0.0f);
+    auto stream = reinterpret_cast<chorusStream_t>(uintptr_t{0x1000});  // never dereferenced
+    const chorusResult_t res = r == 0 ? chorusSend(x.data(), 16, chorusFloat32, 1, c, stream)
+                                      : chorusRecv(y.data(), 16, chorusFloat32, 0, c, stream);
+    const std::string text = chorusGetLastError(c);
+#ifdef CHORUS_WITH_CUDA
+    EXPECT_EQ(res, chorusInvalidArgument);
+    EXPECT_NE(text.find(r == 0 ? "sendbuff is not device memory" : "recvbuff is not device memory"), std::string::npos)
+        << text;
+#else
+    EXPECT_EQ(res, chorusNotSupported);
+    EXPECT_NE(text.find("CUDA build"), std::string::npos) << text;
+#endif
+    for (float v : y) ASSERT_EQ(v, 0.0f);  // nothing received
+    // In a group, the calls of one communicator take one stream: a third call on another stream is refused, and the
+    // two already in the group (host buffers, matched across the ranks) still run at chorusGroupEnd.
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    EXPECT_EQ(chorusSend(x.data(), 16, chorusFloat32, 1 - r, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusRecv(y.data(), 16, chorusFloat32, 1 - r, c, nullptr), chorusSuccess);
+    const chorusResult_t third = chorusSend(x.data(), 16, chorusFloat32, 1 - r, c, stream);
+#ifdef CHORUS_WITH_CUDA
+    EXPECT_EQ(third, chorusInvalidUsage);
+    EXPECT_NE(std::string(chorusGetLastError(c)).find("take one stream"), std::string::npos) << chorusGetLastError(c);
+#else
+    EXPECT_EQ(third, chorusNotSupported);
+#endif
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
+    for (float v : y) ASSERT_EQ(v, 2.0f - r);
+  });
+}
+
 }  // namespace
 }  // namespace chorus
