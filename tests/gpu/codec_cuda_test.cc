@@ -1,9 +1,10 @@
 // CUDA codecs (src/kernels/cuda/codec.cuh) against the CPU codecs (src/kernels/cpu/codec.h): for every kind, block
-// length, error feedback on/off, stochastic rounding on/off, counts that end inside a block, record and group,
-// first_elem not a multiple of 4, and 16-byte aligned and merely 4-byte aligned buffers, the GPU must write the
-// same message bytes, the same residual bits and count the same non-finite blocks; decode and decode_accumulate must
-// give the CPU's values (bit for bit; NaN compared as NaN, since GPU arithmetic returns the canonical NaN). Inputs
-// mix Gaussian data, all-zero blocks, NaN and Inf blocks, tiny (subnormal-range) and huge blocks. Fixed seeds.
+// length, error feedback on/off, stochastic rounding on/off, the Hadamard rotation on/off, counts that end inside a
+// block, record and group, first_elem not a multiple of 4, and 16-byte aligned and merely 4-byte aligned buffers, the
+// GPU must write the same message bytes, the same residual bits and count the same non-finite blocks; decode and
+// decode_accumulate must give the CPU's values (bit for bit; NaN compared as NaN, since GPU arithmetic returns the
+// canonical NaN). Inputs mix Gaussian data, all-zero blocks, NaN and Inf blocks, tiny (subnormal-range) and huge
+// blocks. Fixed seeds.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -96,8 +97,8 @@ struct Case {
 };
 
 std::string describe(const Case& k) {
-  return cat(codec_name(k.c.kind), " block ", k.c.block, " sr ", k.c.stochastic_rounding, " ef ", k.ef, " count ",
-             k.count, " first_elem ", k.first_elem, " offset ", k.float_offset);
+  return cat(codec_name(k.c.kind), " block ", k.c.block, " sr ", k.c.stochastic_rounding, " rotation ", k.c.rotation,
+             " ef ", k.ef, " count ", k.count, " first_elem ", k.first_elem, " offset ", k.float_offset);
 }
 
 // Encodes on both sides and compares message, residual and non-finite count; then decodes and decode_accumulates the
@@ -183,6 +184,15 @@ std::vector<Codec> all_codecs() {
   v.push_back(make(CodecKind::Int4, 32, true, 42));
   for (uint32_t b : {32u, 2048u, 4096u, 8192u}) v.push_back(make(CodecKind::Sign1, b));  // 8192: not staged
   v.push_back(make(CodecKind::SignVote));
+  // The randomized Hadamard rotation, on every kind that takes it (records of 32 to 4096 elements).
+  for (Codec c : {make(CodecKind::Int8, 32), make(CodecKind::Int8, 256, true, 42), make(CodecKind::Int8, 1024),
+                  make(CodecKind::Fp8E4M3), make(CodecKind::Fp8E4M3, 32, true, 42), make(CodecKind::Int4),
+                  make(CodecKind::Int4, 32, true, 42), make(CodecKind::Sign1, 32), make(CodecKind::Sign1),
+                  make(CodecKind::Sign1, 4096)}) {
+    c.rotation = true;
+    c.seed = 0x5eed0000u + v.size();
+    v.push_back(c);
+  }
   return v;
 }
 

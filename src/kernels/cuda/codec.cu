@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 
 #include "core/error.h"
@@ -653,16 +654,105 @@ __global__ void __launch_bounds__(kThreads) vote_result_kernel(const int32_t* vo
   }
 }
 
+// ---- Randomized Hadamard rotation (Codec::rotation), as codec.cc: z = H D y / sqrt(R) per whole record ----
+
+// SplitMix64's output function (Steele, Lea, Flood, OOPSLA 2014), as codec.cc mixes (seed, rank) into the key and
+// draws the rotation's signs.
+__host__ __device__ constexpr uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+constexpr uint32_t kRotationLimitBits = 0x7B800000u;  // 2^120: a record holding this or more is not rotated (NaN)
+constexpr uint32_t kRotationThreads = 1024;
+
+// D's entry for position j of a record: bit j % 64 of word j / 64 of the SplitMix64 stream of the seed.
+__device__ __forceinline__ float rotation_sign(uint64_t seed, uint32_t j) {
+  const uint64_t bits = mix64(seed ^ mix64(0x5248545f7369676eull + j / 64));
+  return (bits >> (j % 64)) & 1 ? -1.0f : 1.0f;
+}
+
+// Unnormalised fast Walsh-Hadamard transform of v[0, n) in shared memory, n a power of two: the stages h = 1, 2, 4,
+// ... each a butterfly (a + b, a - b) per pair, the same operations as codec.cc's fwht (whose first three stages run
+// in registers), so the same bits. Called by every thread of the block, after v was written and synchronized.
+__device__ void fwht_shared(float* v, uint32_t n) {
+  for (uint32_t h = 1; h < n; h <<= 1) {
+    for (uint32_t p = threadIdx.x; p < n / 2; p += blockDim.x) {
+      const uint32_t j = (p / h) * 2 * h + p % h;
+      const float a = v[j], b = v[j + h];
+      v[j] = __fadd_rn(a, b);
+      v[j + h] = __fsub_rn(a, b);
+    }
+    __syncthreads();
+  }
+}
+
+// One thread block per record of `rec` elements: y = in (+ res); z = H D y / sqrt(rec), or NaN when the record's
+// largest magnitude (a NaN or Inf included) reaches 2^120; bad[r] says which records were not rotated.
+template <bool kEF>
+__global__ void __launch_bounds__(kRotationThreads)
+    rotate_forward_kernel(const float* in, const float* res, float* z, uint8_t* bad, uint32_t rec, size_t records,
+                          uint64_t seed, float norm) {
+  extern __shared__ float v[];
+  __shared__ uint32_t amax;
+  for (size_t r = blockIdx.x; r < records; r += gridDim.x) {
+    const size_t base = r * rec;
+    if (threadIdx.x == 0) amax = 0;
+    __syncthreads();
+    uint32_t mine = 0;
+    for (uint32_t j = threadIdx.x; j < rec; j += blockDim.x) {
+      const float y = kEF ? __fadd_rn(in[base + j], res[base + j]) : in[base + j];
+      mine = max(mine, abs_bits(y));
+      v[j] = __fmul_rn(y, rotation_sign(seed, j));
+    }
+    atomicMax(&amax, mine);
+    __syncthreads();
+    const bool not_rotated = amax >= kRotationLimitBits;
+    if (not_rotated) {
+      for (uint32_t j = threadIdx.x; j < rec; j += blockDim.x) z[base + j] = __uint_as_float(kNaNBits);
+    } else {
+      fwht_shared(v, rec);
+      for (uint32_t j = threadIdx.x; j < rec; j += blockDim.x) z[base + j] = __fmul_rn(v[j], norm);
+    }
+    if (threadIdx.x == 0) bad[r] = not_rotated ? 1 : 0;
+    __syncthreads();  // v and amax are reused by the next record
+  }
+}
+
+enum class InverseTo { Store, Accumulate, Residual };
+
+// One thread block per record: x = D H z / sqrt(rec) (z is left as it was), then
+//  - Store: out = x;  - Accumulate: out += x;
+//  - Residual (error feedback): res = (in + res) - x, where bad[r] is 0 (a record that was not rotated keeps its
+//    residual, as the CPU keeps a non-finite record's).
+template <InverseTo kTo>
+__global__ void __launch_bounds__(kRotationThreads)
+    rotate_inverse_kernel(const float* z, uint32_t rec, size_t records, uint64_t seed, float norm, float* out,
+                          const float* in, float* res, const uint8_t* bad) {
+  extern __shared__ float v[];
+  for (size_t r = blockIdx.x; r < records; r += gridDim.x) {
+    const size_t base = r * rec;
+    if (kTo == InverseTo::Residual && bad[r] != 0) continue;  // the same for every thread of the block
+    for (uint32_t j = threadIdx.x; j < rec; j += blockDim.x) v[j] = z[base + j];
+    __syncthreads();
+    fwht_shared(v, rec);
+    for (uint32_t j = threadIdx.x; j < rec; j += blockDim.x) {
+      const float x = __fmul_rn(v[j], __fmul_rn(norm, rotation_sign(seed, j)));
+      if constexpr (kTo == InverseTo::Store) out[base + j] = x;
+      if constexpr (kTo == InverseTo::Accumulate) out[base + j] = __fadd_rn(out[base + j], x);
+      if constexpr (kTo == InverseTo::Residual) res[base + j] = __fsub_rn(__fadd_rn(in[base + j], res[base + j]), x);
+    }
+    __syncthreads();  // v is reused by the next record
+  }
+}
+
 // ---- Host side ----
 
 [[noreturn]] void fail(const Codec* c, const std::string& msg) {
   throw Error(chorusInvalidArgument, Subsys::Kernels,
               c ? cat("cuda codec ", codec::codec_name(c->kind), ": ", msg) : cat("cuda codec: ", msg));
-}
-
-[[noreturn]] void unsupported_rotation(const Codec& c) {
-  throw Error(chorusNotSupported, Subsys::Kernels,
-              cat("codec ", codec::codec_name(c.kind), ": the Hadamard rotation is not supported on the device yet"));
 }
 
 void require(const Codec* c, const void* p, size_t align, const char* what, const char* name) {
@@ -671,14 +761,6 @@ void require(const Codec* c, const void* p, size_t align, const char* what, cons
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// SplitMix64's output function (Steele, Lea, Flood, OOPSLA 2014), as codec.cc mixes (seed, rank) into the key.
-constexpr uint64_t mix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 SrKey make_key(const Codec& c, const EncodeCtx& ctx) {
   const uint64_t k = mix64(c.seed ^ mix64(ctx.rank));
@@ -728,14 +810,11 @@ void encode_kind(const Codec& c, const EncodeArgs& a, cudaStream_t stream) {
   fail(&c, "encode: unsupported combination of kind, residual and stochastic rounding");
 }
 
+// The codec without rotation: decode (or decode_accumulate) in[0, count) to out.
 template <bool kAcc>
-void decode_any(const Codec& c, const std::byte* in, size_t count, float* out, cudaStream_t stream) {
-  const uint32_t block = codec::block_elems(c);
-  if (c.rotation) unsupported_rotation(c);
+void decode_plain(const Codec& c, uint32_t block, const std::byte* in, size_t count, float* out, cudaStream_t stream) {
   if (count == 0) return;
   const char* what = kAcc ? "decode_accumulate" : "decode";
-  require(&c, in, 4, what, "in");
-  require(&c, out, 4, what, kAcc ? "acc" : "out");
   const auto* bytes = reinterpret_cast<const uint8_t*>(in);
   const bool vec = aligned16(out);
   const size_t groups = (count + 3) / 4;
@@ -758,12 +837,123 @@ void decode_any(const Codec& c, const std::byte* in, size_t count, float* out, c
   }
 }
 
+// Work space for the rotation of `records` records of `rec` elements: the rotated values and a flag per record, on
+// the stream (stream-ordered allocation, so capturable), released with release() once the work is enqueued.
+class RotationScratch {
+ public:
+  RotationScratch(size_t records, uint32_t rec, cudaStream_t stream) : stream_(stream) {
+    check(cudaMallocAsync(&mem_, records * rec * sizeof(float) + records, stream), "cudaMallocAsync (rotation)");
+    z = static_cast<float*>(mem_);
+    bad = reinterpret_cast<uint8_t*>(z + records * rec);
+  }
+  ~RotationScratch() {
+    if (mem_ != nullptr) cudaFreeAsync(mem_, stream_);
+  }
+  RotationScratch(const RotationScratch&) = delete;
+  RotationScratch& operator=(const RotationScratch&) = delete;
+  float* z = nullptr;
+  uint8_t* bad = nullptr;
+
+ private:
+  void* mem_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// One thread block of 1024 threads per record, two per SM at most (an SM holds 2048 threads), grid-stride over
+// records.
+template <typename Kernel, typename... Args>
+void launch_rotation(Kernel kernel, size_t records, uint32_t rec, cudaStream_t stream, const char* what, Args... args) {
+  const size_t cap = 2 * static_cast<size_t>(sm_count());
+  const auto blocks = static_cast<unsigned>(records < cap ? records : cap);
+  kernel<<<blocks, kRotationThreads, rec * sizeof(float), stream>>>(args...);
+  check(cudaGetLastError(), what);
+}
+
+float rotation_norm(uint32_t rec) { return 1.0f / std::sqrt(static_cast<float>(rec)); }
+
+template <bool kAcc>
+void decode_any(const Codec& c, const std::byte* in, size_t count, float* out, cudaStream_t stream) {
+  const uint32_t block = codec::block_elems(c);
+  if (count == 0) return;
+  const char* what = kAcc ? "decode_accumulate" : "decode";
+  require(&c, in, 4, what, "in");
+  require(&c, out, 4, what, kAcc ? "acc" : "out");
+  if (!c.rotation) {
+    decode_plain<kAcc>(c, block, in, count, out, stream);
+    return;
+  }
+  // Whole records: decoded into the scratch, rotated back into out; the short last record goes unrotated.
+  const auto rec = static_cast<uint32_t>(codec::record_elems(c));
+  const size_t records = count / rec, full = records * rec;
+  if (records > 0) {
+    RotationScratch scratch(records, rec, stream);
+    decode_plain<false>(c, block, in, full, scratch.z, stream);
+    constexpr InverseTo kTo = kAcc ? InverseTo::Accumulate : InverseTo::Store;
+    launch_rotation(rotate_inverse_kernel<kTo>, records, rec, stream, what, static_cast<const float*>(scratch.z), rec,
+                    records, c.seed, rotation_norm(rec), out, static_cast<const float*>(nullptr),
+                    static_cast<float*>(nullptr), static_cast<const uint8_t*>(nullptr));
+  }
+  decode_plain<kAcc>(c, block, in + codec::encoded_bytes(c, full), count - full, out + full, stream);
+}
+
+// The codec without rotation: encode in[0, count) (with residual `res` when not null) into out.
+void encode_plain(const Codec& c, uint32_t block, const float* in, size_t count, std::byte* out, float* res,
+                  const EncodeCtx& ctx, uint64_t g0, unsigned long long* nonfinite_blocks, cudaStream_t stream) {
+  if (count == 0) return;
+  EncodeArgs a{};
+  a.in = in;
+  a.res = res;
+  a.count = count;
+  a.out = reinterpret_cast<uint8_t*>(out);
+  a.block = block;
+  a.key = make_key(c, ctx);
+  a.g0 = g0;
+  a.vec = aligned16(in) && (res == nullptr || aligned16(res));
+  a.bad = nonfinite_blocks;
+  const bool ef = res != nullptr;
+  const bool sr = c.stochastic_rounding;
+  if (ef) {
+    sr ? encode_kind<true, true>(c, a, stream) : encode_kind<true, false>(c, a, stream);
+  } else {
+    sr ? encode_kind<false, true>(c, a, stream) : encode_kind<false, false>(c, a, stream);
+  }
+}
+
+// As codec.cc's encode_rotated: per whole record y = in (+ res), z = rotate(y), codes = Q(z) (the plain codec over
+// every record at once, element indices as the CPU's); with a residual, res = y - rotate^-1(decode(codes)) for the
+// records that were rotated. The short last record is encoded unrotated, with its residual.
+void encode_rotated(const Codec& c, uint32_t block, const float* in, size_t count, std::byte* out, const EncodeCtx& ctx,
+                    unsigned long long* nonfinite_blocks, cudaStream_t stream) {
+  const auto rec = static_cast<uint32_t>(codec::record_elems(c));
+  const size_t records = count / rec, full = records * rec;
+  float* res = ctx.residual;
+  if (records > 0) {
+    RotationScratch scratch(records, rec, stream);
+    const float norm = rotation_norm(rec);
+    if (res != nullptr) {
+      launch_rotation(rotate_forward_kernel<true>, records, rec, stream, "rotation", in, static_cast<const float*>(res),
+                      scratch.z, scratch.bad, rec, records, c.seed, norm);
+    } else {
+      launch_rotation(rotate_forward_kernel<false>, records, rec, stream, "rotation", in,
+                      static_cast<const float*>(nullptr), scratch.z, scratch.bad, rec, records, c.seed, norm);
+    }
+    encode_plain(c, block, scratch.z, full, out, nullptr, ctx, ctx.first_elem, nonfinite_blocks, stream);
+    if (res != nullptr) {
+      decode_plain<false>(c, block, out, full, scratch.z, stream);
+      launch_rotation(rotate_inverse_kernel<InverseTo::Residual>, records, rec, stream, "rotation (residual)",
+                      static_cast<const float*>(scratch.z), rec, records, c.seed, norm, static_cast<float*>(nullptr),
+                      in, res, static_cast<const uint8_t*>(scratch.bad));
+    }
+  }
+  encode_plain(c, block, in + full, count - full, out + codec::encoded_bytes(c, full), res ? res + full : nullptr, ctx,
+               ctx.first_elem + full, nonfinite_blocks, stream);
+}
+
 }  // namespace
 
 void encode(const Codec& c, const float* in, size_t count, std::byte* out, const EncodeCtx& ctx,
             unsigned long long* nonfinite_blocks, cudaStream_t stream) {
   const uint32_t block = codec::block_elems(c);  // validates c
-  if (c.rotation) unsupported_rotation(c);
   if (count == 0) return;
   require(&c, in, 4, "encode", "in");
   require(&c, out, 4, "encode", "out");
@@ -780,22 +970,10 @@ void encode(const Codec& c, const float* in, size_t count, std::byte* out, const
     check_no_overlap(ctx.residual, in_bytes, in, in_bytes, "cuda codec: encode: ctx.residual overlaps in");
     check_no_overlap(ctx.residual, in_bytes, out, out_bytes, "cuda codec: encode: ctx.residual overlaps out");
   }
-  EncodeArgs a{};
-  a.in = in;
-  a.res = ctx.residual;
-  a.count = count;
-  a.out = reinterpret_cast<uint8_t*>(out);
-  a.block = block;
-  a.key = make_key(c, ctx);
-  a.g0 = ctx.first_elem;
-  a.vec = aligned16(in) && (ctx.residual == nullptr || aligned16(ctx.residual));
-  a.bad = nonfinite_blocks;
-  const bool ef = ctx.residual != nullptr;
-  const bool sr = c.stochastic_rounding;
-  if (ef) {
-    sr ? encode_kind<true, true>(c, a, stream) : encode_kind<true, false>(c, a, stream);
+  if (c.rotation) {
+    encode_rotated(c, block, in, count, out, ctx, nonfinite_blocks, stream);
   } else {
-    sr ? encode_kind<false, true>(c, a, stream) : encode_kind<false, false>(c, a, stream);
+    encode_plain(c, block, in, count, out, ctx.residual, ctx, ctx.first_elem, nonfinite_blocks, stream);
   }
 }
 

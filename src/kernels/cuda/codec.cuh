@@ -9,6 +9,13 @@
 // Alignment: messages must be 4-byte aligned (every record boundary is, so a message cut at records stays valid);
 // float and int32 arrays must be 4-byte aligned, and are moved in 16-byte vectors when they are 16-byte aligned.
 //
+// Rotation (Codec::rotation, int8, fp8_e4m3, int4, sign1): every whole record is rotated by the randomized Hadamard
+// transform H D / sqrt(R) before it is encoded and rotated back after it is decoded, as codec.cc does (the same
+// signs D, the same butterfly order, the same bits; Suresh et al., ICML 2017). One 1024-thread block per record in
+// shared memory; the rotated values go through a work buffer of count floats taken from the stream's memory pool
+// (cudaMallocAsync, released on the stream), so a rotated call needs a device that supports stream-ordered
+// allocation, and costs about two more passes over the data than an unrotated one.
+//
 // Ordering: every function only enqueues kernels on `stream` (the caller's) and returns; nothing waits for the
 // device, so buffers must stay valid until the stream reaches the work.
 // Errors (nothing enqueued): chorus::Error(chorusInvalidArgument, Kernels) for an invalid codec (codec::validate),
