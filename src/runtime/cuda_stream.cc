@@ -351,8 +351,11 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
                 "options->compression->error_feedback is device memory: the residual must be host memory");
   const bool p2p = a.coll == algo::Coll::SendRecv;
   const StagingPlan plan = p2p ? plan_p2p(a) : plan_collective(comm, a);
-  // Nothing to move (count 0): nothing to order either, as a host call of count 0 does nothing.
-  if (plan.in.empty() && plan.out.empty() && a.coll != algo::Coll::Barrier) return;
+  // Nothing to move (count 0, the same on every rank): nothing to order either, as a host call of count 0 does
+  // nothing. Point-to-point and all-to-allv sizes are per rank: a rank moving no bytes still exchanges its (empty)
+  // messages with its peers, as on the host, so it posts the call.
+  const bool sizes_per_rank = p2p || a.coll == algo::Coll::AllToAllv || a.coll == algo::Coll::Barrier;
+  if (plan.in.empty() && plan.out.empty() && !sizes_per_rank) return;
   // Ranks that are threads of this process, or processes on this GPU, read each other's device buffers directly.
   if (!p2p && cuda_local::applies(comm, a, user_stream) && cuda_local::enqueue(comm, a, user_stream)) return;
   // The wait kernel (and the staging's pool) belong to the stream's device.

@@ -47,7 +47,8 @@ bool is_device_pointer(const void* p);
 // device memory (or null where the rank does not use one). Throws chorusInvalidArgument for a mix of device and host
 // buffers (naming sendbuff or recvbuff) or a device error-feedback residual, chorusUnhandledCudaError when CUDA fails
 // before the call is committed to the stream (nothing is enqueued then); a failure after that breaks the
-// communicator (later calls fail with it). A call that moves no bytes (count 0) does nothing.
+// communicator (later calls fail with it). A collective of count 0 does nothing; point-to-point calls and
+// all-to-allv that move no bytes on this rank still meet their peers (their empty messages), as on the host.
 void enqueue(CommImpl& comm, CollArgs a, chorusStream_t stream);
 
 // The CUDA driver function `name` (as of the CUDA 12 API), looked up through the runtime since libchorus does not

@@ -366,11 +366,14 @@ TEST(CudaCollectives, PointToPointOnDeviceBuffersInAGroupAndAlone) {
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], val(prev, 1, i)) << "rank " << r << " element " << i;
     ASSERT_EQ(download(y.data(), from_self.get(), count * 4), cudaSuccess);
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], val(r, 2, i)) << "rank " << r << " element " << i;
-    // Alone: rank 0 sends to rank 1 (in two calls of different sizes); the other ranks do nothing.
+    // Alone: rank 0 sends to rank 1 (in three calls: an empty one, then two of different sizes, so that an empty
+    // message lost or left over would shift the others); the other ranks do nothing.
     if (r == 0) {
+      ASSERT_EQ(chorusSend(to_next.get(), 0, chorusFloat32, 1, comm, s), chorusSuccess);
       ASSERT_EQ(chorusSend(to_next.get(), count, chorusFloat32, 1, comm, s), chorusSuccess);
       ASSERT_EQ(chorusSend(to_self.get(), 5, chorusFloat32, 1, comm, s), chorusSuccess);
     } else if (r == 1) {
+      ASSERT_EQ(chorusRecv(from_prev.get(), 0, chorusFloat32, 0, comm, s), chorusSuccess);
       ASSERT_EQ(chorusRecv(from_prev.get(), count, chorusFloat32, 0, comm, s), chorusSuccess);
       ASSERT_EQ(chorusRecv(from_self.get(), 5, chorusFloat32, 0, comm, s), chorusSuccess);
     }

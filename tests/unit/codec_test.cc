@@ -874,7 +874,7 @@ TEST(CodecRotation, NonFiniteRecordDecodesToNaNAndKeepsItsResidual) {
 TEST(CodecRotation, MagnitudesTooLargeToRotateDecodeToNaNInsteadOfWrongValues) {
   const Codec c = rotated(CodecKind::Int8);
   std::vector<float> x = gaussian(768, 21);
-  for (size_t i = 0; i < 256; ++i) x[i] *= 1e35f;     // record 0: below 2^120, rotates and stays accurate
+  for (size_t i = 0; i < 256; ++i) x[i] *= 1e33f;     // record 0: below 2^115, rotates and stays accurate
   for (size_t i = 256; i < 512; ++i) x[i] = 1.5e38f;  // record 1: would overflow once rotated
   std::vector<std::byte> m(encoded_bytes(c, x.size()));
   EXPECT_EQ(encode(c, x.data(), x.size(), m.data()), 1u);  // counted like a non-finite record
@@ -883,6 +883,28 @@ TEST(CodecRotation, MagnitudesTooLargeToRotateDecodeToNaNInsteadOfWrongValues) {
   EXPECT_LE(rel_l2(r0, y0), 8e-3);
   for (size_t i = 256; i < 512; ++i) ASSERT_TRUE(std::isnan(y[i])) << i;
   for (size_t i = 512; i < 768; ++i) ASSERT_TRUE(std::isfinite(y[i])) << i;
+}
+
+// The unnormalised transform of a 4096-element record sums 2^12 magnitudes: a record at 2^116 (below the 2^120 a
+// norm bound would allow) is not rotated, counts as non-finite, and keeps its error-feedback residual.
+TEST(CodecRotation, RecordsThatCouldOverflowTheTransformAreNotRotatedAndKeepTheirResidual) {
+  const Codec c = rotated(CodecKind::Sign1, 4096);
+  std::vector<float> x = gaussian(8192, 23);
+  for (size_t i = 0; i < 4096; ++i) x[i] = (i % 3 == 0 ? -1.0f : 1.0f) * 0x1p116f;  // record 0
+  std::vector<float> res(x.size(), 0.25f), res0 = res;
+  std::vector<std::byte> m(encoded_bytes(c, x.size()));
+  EncodeCtx ctx;
+  ctx.residual = res.data();
+  EXPECT_EQ(encode(c, x.data(), x.size(), m.data(), ctx), 1u);
+  const std::vector<float> y = dec(c, m, x.size());
+  for (size_t i = 0; i < 4096; ++i) {
+    ASSERT_TRUE(std::isnan(y[i])) << i;
+    ASSERT_EQ(res[i], res0[i]) << "the residual of a record that was not rotated is kept, element " << i;
+  }
+  for (size_t i = 4096; i < 8192; ++i) {
+    ASSERT_TRUE(std::isfinite(y[i])) << i;
+    ASSERT_TRUE(std::isfinite(res[i])) << i;
+  }
 }
 
 TEST(CodecRotation, OnlyForScaledCodecsAndPowerOfTwoBlocks) {

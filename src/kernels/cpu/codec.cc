@@ -719,8 +719,9 @@ CHORUS_CODEC_CLONES void vote_accumulate_impl(const std::byte* in, size_t count,
 
 // ---- Randomized Hadamard rotation (Codec::rotation) ----
 
-// 2^120 as fp32 bits: the largest magnitude a record may hold to be rotated (sqrt(4096) * 2^120 < FLT_MAX).
-constexpr uint32_t kRotationLimitBits = 0x7B800000u;
+// 2^115 as fp32 bits: a record whose largest magnitude reaches it is not rotated. The unnormalised transform adds up
+// to R <= 4096 = 2^12 magnitudes before the 1 / sqrt(R) scaling, so every intermediate stays below 2^127 < FLT_MAX.
+constexpr uint32_t kRotationLimitBits = 0x79000000u;
 
 // The diagonal D as +-1.0f for each position of a record of `n` <= kRotationMaxRecord elements (n a multiple of
 // 64), drawn from the seed alone (bit i % 64 of word i / 64 of a SplitMix64 stream), so every rank and both ends
@@ -933,7 +934,7 @@ size_t encode_rotated(const Codec& c, uint32_t block, const float* in, size_t co
       yp = y;
     }
     // A rotated value can reach the record's L2 norm, up to sqrt(R) times its largest magnitude: a record holding a
-    // magnitude of 2^120 or more cannot be rotated within fp32 and is stored like a non-finite one (NaN), so it is
+    // magnitude of 2^115 or more cannot be rotated within fp32 and is stored like a non-finite one (NaN), so it is
     // never silently wrong.
     if (amax_bits<false>(yp, nullptr, rec) >= kRotationLimitBits) {
       std::fill_n(z, rec, std::numeric_limits<float>::quiet_NaN());

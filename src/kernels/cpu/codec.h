@@ -81,8 +81,8 @@ struct Codec {
   // step (the seed mixed with chorusCompression_t::step), which matters for error feedback with sign1: a direction
   // that persists over steps lands on other coordinates each step, so no coordinate's residual has to grow until
   // the block's scale reaches it. A shorter last record is quantized unrotated. Costs O(log R) operations per element
-  // on each side; a non-finite value makes its whole record NaN, and so does a magnitude of 2^120 or more (a rotated
-  // value can reach the record's L2 norm, which must stay below FLT_MAX); both count as non-finite.
+  // on each side; a non-finite value makes its whole record NaN, and so does a magnitude of 2^115 or more (the
+  // unnormalised transform sums up to R = 2^12 magnitudes, which must stay below FLT_MAX); both count as non-finite.
   bool rotation = false;
 };
 

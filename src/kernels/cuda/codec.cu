@@ -665,7 +665,7 @@ __host__ __device__ constexpr uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-constexpr uint32_t kRotationLimitBits = 0x7B800000u;  // 2^120: a record holding this or more is not rotated (NaN)
+constexpr uint32_t kRotationLimitBits = 0x79000000u;  // 2^115: a record holding this or more is not rotated (NaN)
 constexpr uint32_t kRotationThreads = 1024;
 
 // D's entry for position j of a record: bit j % 64 of word j / 64 of the SplitMix64 stream of the seed.
@@ -690,7 +690,9 @@ __device__ void fwht_shared(float* v, uint32_t n) {
 }
 
 // One thread block per record of `rec` elements: y = in (+ res); z = H D y / sqrt(rec), or NaN when the record's
-// largest magnitude (a NaN or Inf included) reaches 2^120; bad[r] says which records were not rotated.
+// largest magnitude (a NaN or Inf included) reaches 2^115 (then the unnormalised transform, summing up to 4096
+// magnitudes, could overflow); bad[r] says which records were not rotated, exactly those whose codes the plain
+// encode finds non-finite (the CPU's test for keeping a record's residual).
 template <bool kEF>
 __global__ void __launch_bounds__(kRotationThreads)
     rotate_forward_kernel(const float* in, const float* res, float* z, uint8_t* bad, uint32_t rec, size_t records,
