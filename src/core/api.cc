@@ -118,25 +118,36 @@ void host_buffers_only(const CollArgs& a, const char* form) {
                 cat("device buffers: ", form, " takes host buffers; use the blocking form with a CUDA stream"));
 }
 
+void no_stream_without_cuda(chorusStream_t stream) {
+#ifndef CHORUS_WITH_CUDA
+  if (stream != nullptr)
+    throw Error(chorusNotSupported, Subsys::Core, "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
+#else
+  (void)stream;
+#endif
+}
+
+// Runs the validated call `a` (a collective, or point-to-point calls of one communicator) under the caller's guard:
+// stream-ordered when there is a stream or a device buffer (src/runtime/cuda_stream.h), else on the host.
+void run(CommImpl& c, CollArgs a, chorusStream_t stream) {
+#ifdef CHORUS_WITH_CUDA
+  if (stream != nullptr || uses_device(a)) {
+    cuda_stream::enqueue(c, std::move(a), stream);
+    return;
+  }
+#endif
+  c.run_blocking(std::move(a));
+}
+
 chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
   return guarded(comm, [&] {
     CommImpl& c = live(comm);
-#ifndef CHORUS_WITH_CUDA
-    if (stream != nullptr)
-      throw Error(chorusNotSupported, Subsys::Core,
-                  "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
-#endif
+    no_stream_without_cuda(stream);
     if (t_group.depth > 0)
       throw Error(chorusInvalidUsage, Subsys::Core, "only chorusSend/chorusRecv may be called inside a group");
     CommImpl::Guard guard(c);
     c.validate(a);
-#ifdef CHORUS_WITH_CUDA
-    if (stream != nullptr || uses_device(a)) {
-      cuda_stream::enqueue(c, std::move(a), stream);
-      return;
-    }
-#endif
-    c.run_blocking(std::move(a));
+    run(c, std::move(a), stream);
   });
 }
 
@@ -156,28 +167,11 @@ chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* reques
   });
 }
 
-// Runs the point-to-point calls `a` of one communicator: stream-ordered when there is a stream or a device buffer
-// (staged through pinned host memory, src/runtime/cuda_stream.h), else on the host.
-void run_p2p(CommImpl& c, CollArgs a, chorusStream_t stream) {
-  CommImpl::Guard guard(c);
-#ifdef CHORUS_WITH_CUDA
-  if (stream != nullptr || uses_device(a)) {
-    cuda_stream::enqueue(c, std::move(a), stream);
-    return;
-  }
-#endif
-  c.run_blocking(std::move(a));
-}
-
 chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chorusDataType_t dtype, int peer,
                    chorusStream_t stream) {
   return guarded(comm, [&] {
     CommImpl& c = live(comm);
-#ifndef CHORUS_WITH_CUDA
-    if (stream != nullptr)
-      throw Error(chorusNotSupported, Subsys::Core,
-                  "stream: CUDA streams need a CUDA build; pass NULL for host buffers");
-#endif
+    no_stream_without_cuda(stream);
     CollArgs a;
     a.coll = algo::Coll::SendRecv;
     a.p2p.push_back({is_send, peer, buf, count, dtype});
@@ -191,7 +185,8 @@ chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chor
       t_group.ops.push_back({comm, a.p2p[0], stream});
       return;
     }
-    run_p2p(c, std::move(a), stream);
+    CommImpl::Guard guard(c);
+    run(c, std::move(a), stream);
   });
 }
 
@@ -579,7 +574,8 @@ chorusResult_t chorusGroupEnd(void) {
           a.p2p.push_back(g.op);
           stream = g.stream;
         }
-      run_p2p(c, std::move(a), stream);
+      CommImpl::Guard guard(c);
+      run(c, std::move(a), stream);
     });
     if (result == chorusSuccess) result = r;
   }
