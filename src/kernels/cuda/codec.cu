@@ -861,13 +861,14 @@ class RotationScratch {
   cudaStream_t stream_;
 };
 
-// One thread block of 1024 threads per record, two per SM at most (an SM holds 2048 threads), grid-stride over
-// records.
+// One thread block per record, of one thread per butterfly pair (rec / 2, 32 to 1024 threads), as many blocks as an SM
+// holds threads (2048) over the SMs, grid-stride over records.
 template <typename Kernel, typename... Args>
 void launch_rotation(Kernel kernel, size_t records, uint32_t rec, cudaStream_t stream, const char* what, Args... args) {
-  const size_t cap = 2 * static_cast<size_t>(sm_count());
+  const uint32_t threads = rec / 2 < 32 ? 32 : (rec / 2 > kRotationThreads ? kRotationThreads : rec / 2);
+  const size_t cap = static_cast<size_t>(2048 / threads) * static_cast<size_t>(sm_count());
   const auto blocks = static_cast<unsigned>(records < cap ? records : cap);
-  kernel<<<blocks, kRotationThreads, rec * sizeof(float), stream>>>(args...);
+  kernel<<<blocks, threads, rec * sizeof(float), stream>>>(args...);
   check(cudaGetLastError(), what);
 }
 

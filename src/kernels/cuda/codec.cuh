@@ -11,10 +11,10 @@
 //
 // Rotation (Codec::rotation, int8, fp8_e4m3, int4, sign1): every whole record is rotated by the randomized Hadamard
 // transform H D / sqrt(R) before it is encoded and rotated back after it is decoded, as codec.cc does (the same
-// signs D, the same butterfly order, the same bits; Suresh et al., ICML 2017). One 1024-thread block per record in
-// shared memory; the rotated values go through a work buffer of count floats taken from the stream's memory pool
-// (cudaMallocAsync, released on the stream), so a rotated call needs a device that supports stream-ordered
-// allocation, and costs about two more passes over the data than an unrotated one.
+// signs D, the same butterfly order, the same bits; Suresh et al., ICML 2017). One thread block per record (a thread
+// per butterfly pair, up to 1024) in shared memory; the rotated values go through a work buffer of count floats taken
+// from the stream's memory pool (cudaMallocAsync, released on the stream), so a rotated call needs a device that
+// supports stream-ordered allocation, and costs about two more passes over the data than an unrotated one.
 //
 // Ordering: every function only enqueues kernels on `stream` (the caller's) and returns; nothing waits for the
 // device, so buffers must stay valid until the stream reaches the work.
