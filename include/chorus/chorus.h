@@ -256,11 +256,14 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
                                const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
                                chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream);
-/* Point to point. Between two ranks, sends and receives match in the order they are called. Inside
+/* Point to point. Between two ranks, sends and receives match in the order they are called (a call of count 0
+ * too: it pairs with the peer's call of count 0). Inside
  * chorusGroupStart/End they are issued together at chorusGroupEnd (so a rank may send to and receive from the
  * same peer without deadlock). Device buffers (CUDA build): ordered on `stream` as the collectives are, staged
  * through pinned host memory; the calls of one communicator in a group take the same stream (else
- * chorusInvalidUsage) and all device buffers or all host buffers (else chorusInvalidArgument naming the buffer). */
+ * chorusInvalidUsage) and all device buffers or all host buffers (else chorusInvalidArgument naming the buffer),
+ * refused when the call is made. A send to this rank itself pairs, in order, with a receive from itself of the same
+ * size in the same call or group (else chorusInvalidArgument, nothing run). */
 chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream);
 chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,

@@ -51,8 +51,12 @@ chorusResult_t guarded(chorusComm* comm, F&& f) {
     f();
     return chorusSuccess;
   } catch (const Error& e) {
-    CHORUS_INFO(Core, "%s", e.what());
-    set_error(comm, e.what());
+    // Every error of a communicator names the rank that reports it.
+    std::string text = e.what();
+    const CommImpl* impl = comm != nullptr ? comm->impl.load(std::memory_order_acquire) : nullptr;
+    if (impl != nullptr && text.rfind("rank ", 0) != 0) text = cat("rank ", impl->rank(), ": ", text);
+    CHORUS_INFO(Core, "%s", text.c_str());
+    set_error(comm, text);
     return e.code();
   } catch (const std::bad_alloc&) {
     set_error(comm, "out of memory");
@@ -92,6 +96,7 @@ struct GroupOp {
   chorusComm* comm = nullptr;
   P2POp op;
   chorusStream_t stream = nullptr;
+  int on_stream = -1;  // 1: stream-ordered (a stream or a device buffer), 0: host, -1: either (no stream, no bytes)
 };
 struct GroupState {
   int depth = 0;
@@ -172,19 +177,35 @@ chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chor
   return guarded(comm, [&] {
     CommImpl& c = live(comm);
     no_stream_without_cuda(stream);
+    const P2POp op{is_send, peer, buf, count, dtype};
+    c.validate_p2p_op(op);
     CollArgs a;
     a.coll = algo::Coll::SendRecv;
-    a.p2p.push_back({is_send, peer, buf, count, dtype});
-    c.validate(a);
+    a.p2p.push_back(op);
+    const char* name = is_send ? "sendbuff" : "recvbuff";
+    const bool moves_bytes = count > 0;
+    int on_stream = (stream != nullptr || uses_device(a)) ? 1 : (moves_bytes ? 0 : -1);
+#ifdef CHORUS_WITH_CUDA
+    if (on_stream == 1 && moves_bytes) cuda_stream::require_device_buffer(buf, name);
+#endif
     if (t_group.depth > 0) {
-      for (const GroupOp& g : t_group.ops)
-        if (g.comm == comm && g.stream != stream)
+      // Every call of one communicator in a group runs as one: on one stream, all device or all host buffers.
+      for (const GroupOp& g : t_group.ops) {
+        if (g.comm != comm) continue;
+        if (g.stream != stream)
           throw Error(chorusInvalidUsage, Subsys::Core,
                       "stream: the point-to-point calls of one communicator in a group take one stream (this call's "
                       "differs from an earlier call's)");
-      t_group.ops.push_back({comm, a.p2p[0], stream});
+        if (g.on_stream >= 0 && on_stream >= 0 && g.on_stream != on_stream)
+          throw Error(chorusInvalidArgument, Subsys::Core,
+                      cat(name, " is ", on_stream ? "device" : "host", " memory, but an earlier call of this group on ",
+                          "this communicator has ", g.on_stream ? "device" : "host", " buffers (a group moves one or ",
+                          "the other)"));
+      }
+      t_group.ops.push_back({comm, op, stream, on_stream});
       return;
     }
+    c.validate(a);
     CommImpl::Guard guard(c);
     run(c, std::move(a), stream);
   });
@@ -574,6 +595,7 @@ chorusResult_t chorusGroupEnd(void) {
           a.p2p.push_back(g.op);
           stream = g.stream;
         }
+      c.validate(a);  // the group as a whole: its sends to this rank against its receives from it
       CommImpl::Guard guard(c);
       run(c, std::move(a), stream);
     });

@@ -189,6 +189,14 @@ CommImpl::Guard::Guard(CommImpl& c) : c_(c) {
 
 CommImpl::Guard::~Guard() { c_.owner_.store(std::thread::id{}); }
 
+void CommImpl::validate_p2p_op(const P2POp& op) const {
+  if (!dtype_valid(op.dtype)) bad_arg(cat("datatype=", static_cast<int>(op.dtype), " is not valid"));
+  if (op.peer < 0 || op.peer >= nranks_) bad_arg(cat("peer=", op.peer, " is out of range [0, ", nranks_, ")"));
+  const size_t bytes = checked_bytes(op.count, 1, op.dtype, "count");
+  if (op.buf == nullptr && bytes > 0)
+    bad_arg(cat(op.is_send ? "sendbuff" : "recvbuff", " is NULL with a non-zero count"));
+}
+
 void CommImpl::validate(CollArgs& a) const {
   const int n = nranks_;
   if (a.coll != Coll::SendRecv && a.coll != Coll::Barrier) {
@@ -287,13 +295,22 @@ void CommImpl::validate(CollArgs& a) const {
         bad_arg("all-to-allv in place (sendbuff == recvbuff) is not supported");
       break;
     }
-    case Coll::SendRecv:
-      for (const P2POp& op : a.p2p) {
-        if (!dtype_valid(op.dtype)) bad_arg(cat("datatype=", static_cast<int>(op.dtype), " is not valid"));
-        if (op.peer < 0 || op.peer >= n) bad_arg(cat("peer=", op.peer, " is out of range [0, ", n, ")"));
-        need(op.buf, checked_bytes(op.count, 1, op.dtype, "count"), op.is_send ? "sendbuff" : "recvbuff");
-      }
+    case Coll::SendRecv: {
+      for (const P2POp& op : a.p2p) validate_p2p_op(op);
+      // Sends to itself pair with receives from itself in order, of equal sizes (the whole set is known here: one
+      // call, or a group at chorusGroupEnd).
+      std::vector<size_t> self_send, self_recv;
+      for (const P2POp& op : a.p2p)
+        if (op.peer == rank_) (op.is_send ? self_send : self_recv).push_back(op.count * dtype_size(op.dtype));
+      if (self_send.size() != self_recv.size())
+        bad_arg(cat("peer=", rank_, " (this rank): ", self_send.size(), " send(s) to itself but ", self_recv.size(),
+                    " receive(s) from itself"));
+      for (size_t i = 0; i < self_send.size(); ++i)
+        if (self_send[i] != self_recv[i])
+          bad_arg(cat("peer=", rank_, " (this rank): send ", i, " to itself of ", self_send[i],
+                      " bytes meets a receive of ", self_recv[i], " bytes"));
       break;
+    }
     case Coll::Barrier: break;
     case Coll::Count: bad_arg("invalid collective");
   }
@@ -785,13 +802,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
         out_len.push_back(bytes);
       }
     }
-    if (self_send.size() != self_recv.size())
-      bad_arg(cat("rank ", rank_, ": ", self_send.size(), " send(s) to itself but ", self_recv.size(), " receive(s)"));
-    for (size_t i = 0; i < self_send.size(); ++i) {
-      size_t sb = self_send[i]->count * dtype_size(self_send[i]->dtype);
-      size_t rb = self_recv[i]->count * dtype_size(self_recv[i]->dtype);
-      if (sb != rb) bad_arg(cat("rank ", rank_, ": send to itself of ", sb, " bytes matches a receive of ", rb));
-    }
+    // validate() paired the self-sends with the self-receives, of equal sizes.
     // Sends read their buffers as they were when the group was issued: a send whose bytes a receive of the same
     // group (from a peer or from itself) may overwrite is staged first.
     std::vector<std::pair<const std::byte*, size_t>> written;

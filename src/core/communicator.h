@@ -82,6 +82,9 @@ class CommImpl {
 
   // Throws chorusInvalidArgument naming the bad argument; touches no buffer. Resolves pre-multiplied sums.
   void validate(CollArgs& a) const;
+  // One point-to-point call's own arguments (datatype, peer, count, buffer): checked when it is made, also inside a
+  // group, whose set (self-sends against self-receives) validate() checks at chorusGroupEnd.
+  void validate_p2p_op(const P2POp& op) const;
   // Compressed calls: the schedule (named or default), the checks of the options, the residual's length.
   const algo::AlgorithmInfo& compressed_algorithm(const CollArgs& a) const;
   void validate_compression(const CollArgs& a) const;

@@ -244,6 +244,14 @@ OnDevice::~OnDevice() {
   if (switched_ && set != nullptr) set(static_cast<CUcontext>(saved_));
 }
 
+void require_device_buffer(const void* p, const char* name) {
+  if (!is_device_pointer(p))
+    throw Error(chorusInvalidArgument, Subsys::Core,
+                cat(name,
+                    " is not device memory: a call with a stream (or with device buffers) takes device buffers "
+                    "for every buffer; pass stream NULL and host buffers for a host call"));
+}
+
 bool is_device_pointer(const void* p) {
   if (p == nullptr) return false;
   const PointerGetAttributeFn get = pointer_get_attribute();
@@ -274,19 +282,12 @@ struct StagingPlan {
 
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 
-[[noreturn]] void not_device(const char* name) {
-  throw Error(chorusInvalidArgument, Subsys::Core,
-              cat(name,
-                  " is not device memory: a call with a stream (or with device buffers) takes device buffers "
-                  "for every buffer; pass stream NULL and host buffers for a host call"));
-}
-
 // A collective: one region when sendbuff and recvbuff overlap (an in-place call keeps their relative offsets), else
 // send then receive.
 StagingPlan plan_collective(const CommImpl& comm, const CollArgs& a) {
   const CommImpl::Extents ext = comm.extents(a);
-  if (ext.send > 0 && !is_device_pointer(a.send)) not_device("sendbuff");
-  if (ext.recv > 0 && !is_device_pointer(a.recv)) not_device("recvbuff");
+  if (ext.send > 0) require_device_buffer(a.send, "sendbuff");
+  if (ext.recv > 0) require_device_buffer(a.recv, "recvbuff");
   auto* s = static_cast<std::byte*>(const_cast<void*>(a.send));
   auto* d = static_cast<std::byte*>(a.recv);
   const bool overlap = a.send == a.recv || (ext.send > 0 && ext.recv > 0 && s < d + ext.recv && d < s + ext.send);
@@ -318,7 +319,7 @@ StagingPlan plan_p2p(const CollArgs& a) {
     for (const P2POp& op : a.p2p) {
       const size_t bytes = op.count * dtype_size(op.dtype);
       if (op.is_send != sends || bytes == 0) continue;
-      if (!is_device_pointer(op.buf)) not_device(sends ? "sendbuff" : "recvbuff");
+      require_device_buffer(op.buf, sends ? "sendbuff" : "recvbuff");
       (sends ? plan.in : plan.out).push_back({static_cast<std::byte*>(op.buf), plan.total, bytes});
       plan.total = round_up(plan.total + bytes);
     }

@@ -41,6 +41,10 @@ namespace cuda_stream {
 // pinned host memory, null and pointers CUDA does not know are not. Never throws.
 bool is_device_pointer(const void* p);
 
+// Throws chorusInvalidArgument naming `name` (sendbuff, recvbuff) unless `p` is device memory: a call with a stream
+// (or with device buffers) takes device buffers only.
+void require_device_buffer(const void* p, const char* name);
+
 // Enqueues the validated call `a` on `stream` (NULL: the legacy default stream): a collective, or point-to-point
 // calls (Coll::SendRecv: one chorusSend/chorusRecv, or a group's calls on this communicator, all staged; every
 // send's bytes are copied in before the call runs and every receive's copied out after). Its buffers must all be

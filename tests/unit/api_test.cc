@@ -122,6 +122,32 @@ TEST(BadInput, PeerOutOfRange) {
              chorusInvalidArgument, "peer");
 }
 
+// A send to itself needs a receive from itself of the same size, in the same call or group: checked before anything
+// runs, so the communicator stays usable.
+TEST(BadInput, SendToSelfWithoutAMatchingReceiveFromSelf) {
+  expect_bad(
+      [](int r, chorusComm_t c, Guarded& in, Guarded&) { return chorusSend(in.data(), 3, chorusInt32, r, c, nullptr); },
+      chorusInvalidArgument, "send(s) to itself but 0 receive(s)");
+  expect_bad(
+      [](int r, chorusComm_t c, Guarded& in, Guarded& out) {
+        chorusGroupStart();
+        chorusSend(in.data(), 3, chorusInt32, r, c, nullptr);
+        chorusRecv(out.data(), 2, chorusInt32, r, c, nullptr);
+        return chorusGroupEnd();
+      },
+      chorusInvalidArgument, "to itself of 12 bytes meets a receive of 8 bytes");
+}
+
+TEST(BadInput, ErrorsNameTheRank) {
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t c) {
+    float x = 0;
+    ASSERT_EQ(chorusSend(&x, 1, chorusFloat32, 5, c, nullptr), chorusInvalidArgument);
+    const std::string text = chorusGetLastError(c);
+    EXPECT_EQ(text.rfind("rank " + std::to_string(r) + ": peer=5", 0), 0u) << text;
+  });
+}
+
 TEST(BadInput, UnknownAlgorithmOrOptionsSize) {
   expect_bad(
       [](int, chorusComm_t c, Guarded& in, Guarded& out) {

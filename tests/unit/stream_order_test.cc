@@ -181,7 +181,8 @@ TEST(StreamArgument, PointToPointWithAStreamTakesDeviceBuffersOnly) {
     ASSERT_EQ(chorusGroupStart(), chorusSuccess);
     EXPECT_EQ(chorusSend(x.data(), 16, chorusFloat32, 1 - r, c, nullptr), chorusSuccess);
     EXPECT_EQ(chorusRecv(y.data(), 16, chorusFloat32, 1 - r, c, nullptr), chorusSuccess);
-    const chorusResult_t third = chorusSend(x.data(), 16, chorusFloat32, 1 - r, c, stream);
+    // (count 0, so that its buffer, which is not device memory, is not what it is refused for)
+    const chorusResult_t third = chorusSend(x.data(), 0, chorusFloat32, 1 - r, c, stream);
 #ifdef CHORUS_WITH_CUDA
     EXPECT_EQ(third, chorusInvalidUsage);
     EXPECT_NE(std::string(chorusGetLastError(c)).find("take one stream"), std::string::npos) << chorusGetLastError(c);
@@ -190,6 +191,17 @@ TEST(StreamArgument, PointToPointWithAStreamTakesDeviceBuffersOnly) {
 #endif
     ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
     for (float v : y) ASSERT_EQ(v, 2.0f - r);
+    // A group's first call with a stream and a host buffer is refused when it is made, not at chorusGroupEnd.
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    const chorusResult_t first = chorusSend(x.data(), 16, chorusFloat32, 1 - r, c, stream);
+#ifdef CHORUS_WITH_CUDA
+    EXPECT_EQ(first, chorusInvalidArgument);
+    EXPECT_NE(std::string(chorusGetLastError(c)).find("sendbuff is not device memory"), std::string::npos)
+        << chorusGetLastError(c);
+#else
+    EXPECT_EQ(first, chorusNotSupported);
+#endif
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);  // nothing in the group
   });
 }
 
