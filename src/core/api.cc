@@ -23,6 +23,7 @@
 // reported (chorusInvalidUsage) instead of reading freed memory, without a global lookup on every call.
 struct chorusComm {
   std::atomic<chorus::CommImpl*> impl{nullptr};
+  int rank = -1;  // the rank, kept after destroy (the handle is never freed): error texts name it
   std::mutex err_mu;
   std::string last_error;
 };
@@ -53,8 +54,7 @@ chorusResult_t guarded(chorusComm* comm, F&& f) {
   } catch (const Error& e) {
     // Every error of a communicator names the rank that reports it.
     std::string text = e.what();
-    const CommImpl* impl = comm != nullptr ? comm->impl.load(std::memory_order_acquire) : nullptr;
-    if (impl != nullptr && text.rfind("rank ", 0) != 0) text = cat("rank ", impl->rank(), ": ", text);
+    if (comm != nullptr && comm->rank >= 0 && text.rfind("rank ", 0) != 0) text = cat("rank ", comm->rank, ": ", text);
     CHORUS_INFO(Core, "%s", text.c_str());
     set_error(comm, text);
     return e.code();
@@ -77,6 +77,7 @@ CommImpl& live(chorusComm* comm) {
 
 chorusComm* wrap(std::unique_ptr<CommImpl> impl) {
   auto* c = new chorusComm;
+  c->rank = impl->rank();
   c->impl.store(impl.release(), std::memory_order_release);
   return c;
 }

@@ -802,7 +802,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
         out_len.push_back(bytes);
       }
     }
-    // validate() paired the self-sends with the self-receives, of equal sizes.
+    CHORUS_ASSERT(self_send.size() == self_recv.size());  // validate() paired them, of equal sizes
     // Sends read their buffers as they were when the group was issued: a send whose bytes a receive of the same
     // group (from a peer or from itself) may overwrite is staged first.
     std::vector<std::pair<const std::byte*, size_t>> written;

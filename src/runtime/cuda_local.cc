@@ -196,6 +196,16 @@ struct Events {
     }
     check(cudaEventRecord(it->second, s), "cudaEventRecord");
   }
+  // After a failed call: its work on `s` counts as a tail; if even that cannot be recorded, teardown waits for the
+  // whole device instead. Never throws.
+  bool sync_device = false;
+  void record_tail_after_failure(cudaStream_t s) {
+    try {
+      record_tail(s);
+    } catch (...) {
+      sync_device = true;
+    }
+  }
   // Waits (host) for the last call on every stream; returns the first error.
   cudaError_t wait_tails() {
     cudaError_t first = cudaSuccess;
@@ -211,6 +221,7 @@ struct Events {
     // still read peers' mapped buffers: they end first.
     int prev = -1;
     const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device && cudaSetDevice(device) == cudaSuccess;
+    if (sync_device) cudaDeviceSynchronize();
     wait_tails();
     for (auto& [s, e] : tails) cudaEventDestroy(e);
     for (auto& [key, base] : mapped) cudaIpcCloseMemHandle(base);
@@ -431,7 +442,7 @@ void enqueue_threads(CommImpl& comm, const CollArgs& a, cudaStream_t s, int devi
 // the call, and its device's UUID.
 struct Wire {
   cudaIpcMemHandle_t send_h{}, recv_h{};
-  cudaIpcEventHandle_t event_h{};
+  cudaIpcEventHandle_t ready_h{}, mid_h{}, done_h{};  // the rank's three events (phase 0; later phases send none)
   uint64_t send_off = 0, recv_off = 0, count = 0;
   unsigned char uuid[16] = {};
   int32_t coll = 0, dtype = 0, op = 0, root = 0;
@@ -574,7 +585,9 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
   try {
     evp = &events_of(comm, device, true);
     check(cudaEventRecord(evp->ready, s), "cudaEventRecord");
-    mine.event_h = evp->ready_h;
+    mine.ready_h = evp->ready_h;
+    mine.mid_h = evp->mid_h;
+    mine.done_h = evp->done_h;
     std::memcpy(mine.uuid, evp->uuid, sizeof(mine.uuid));
   } catch (const std::exception& e) {
     local_failure = e.what();
@@ -635,6 +648,9 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
     for (int q = 0; q < n; ++q)
       if (q != me) needed += (has(w0[q].send_h) ? 1 : 0) + (has(w0[q].recv_h) ? 1 : 0);
     make_room(ev, needed);
+    // Everything that can fail here is done before phase 1: the peers' buffers mapped and all three of each peer's
+    // events opened, so that after the last rendezvous only enqueueing remains.
+    std::vector<cudaEvent_t> mid(static_cast<size_t>(n)), done(static_cast<size_t>(n));
     for (int q = 0; q < n; ++q) {
       Entry& e = in[q];
       e.device = device;
@@ -642,24 +658,27 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
         e.send = static_cast<const std::byte*>(a.send);
         e.recv = static_cast<std::byte*>(a.recv);
         e.event = ev.ready;
+        mid[q] = ev.mid;
+        done[q] = ev.done;
       } else {
         // A buffer no peer reads has no handle and stays null.
         if (has(w0[q].send_h)) e.send = map_peer(ev, q, w0[q].send_h, w0[q].send_off);
         if (has(w0[q].recv_h)) e.recv = map_peer(ev, q, w0[q].recv_h, w0[q].recv_off);
-        e.event = open_peer_event(ev, q, w0[q].event_h);
+        e.event = open_peer_event(ev, q, w0[q].ready_h);
+        mid[q] = open_peer_event(ev, q, w0[q].mid_h);
+        done[q] = open_peer_event(ev, q, w0[q].done_h);
       }
     }
-    run_schedule(comm, a, s, device, ev, in, [&](int phase, const Entry& e) {
-      Wire w;
+    run_schedule(comm, a, s, device, ev, in, [&](int phase, const Entry&) {
+      Wire w;  // the rendezvous only: every rank has recorded the phase's event before it arrives
       std::memset(static_cast<void*>(&w), 0, sizeof(w));
-      w.event_h = phase == 1 ? ev.mid_h : ev.done_h;
       from_rendezvous = true;
       const std::vector<Wire> got = all_gather(comm, w);
       fail_if_a_peer_failed(got, "during the call");
       from_rendezvous = false;
       next_phase = phase + 1;
       std::vector<Entry> out = in;
-      for (int q = 0; q < n; ++q) out[q].event = q == me ? e.event : open_peer_event(ev, q, got[q].event_h);
+      for (int q = 0; q < n; ++q) out[q].event = phase == 1 ? mid[q] : done[q];
       return out;
     });
   } catch (const std::exception& x) {
@@ -671,10 +690,12 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
       w.failed = 1;
       try {
         all_gather(comm, w);
-      } catch (const Error&) {
+      } catch (...) {
         // the peers are failing already
       }
     }
+    // What this call enqueued may still read peers' mapped buffers: teardown waits for it too.
+    ev.record_tail_after_failure(s);
     // Peers' streams may wait for events recorded here, and ours for theirs: nothing later can be trusted.
     comm.break_with(e);
     throw e;
