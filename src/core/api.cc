@@ -179,10 +179,14 @@ chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chor
     CommImpl& c = live(comm);
     no_stream_without_cuda(stream);
     const P2POp op{is_send, peer, buf, count, dtype};
-    c.validate_p2p_op(op);
     CollArgs a;
     a.coll = algo::Coll::SendRecv;
     a.p2p.push_back(op);
+    // A group's calls are checked one by one here, and as a whole (self-sends against self-receives) at its end.
+    if (t_group.depth > 0)
+      c.validate_p2p_op(op);
+    else
+      c.validate(a);
     const char* name = is_send ? "sendbuff" : "recvbuff";
     const bool moves_bytes = count > 0;
     int on_stream = (stream != nullptr || uses_device(a)) ? 1 : (moves_bytes ? 0 : -1);
@@ -206,7 +210,6 @@ chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chor
       t_group.ops.push_back({comm, op, stream, on_stream});
       return;
     }
-    c.validate(a);
     CommImpl::Guard guard(c);
     run(c, std::move(a), stream);
   });

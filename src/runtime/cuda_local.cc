@@ -438,7 +438,7 @@ void enqueue_threads(CommImpl& comm, const CollArgs& a, cudaStream_t s, int devi
 
 // ---- Ranks that are processes sharing one GPU: CUDA IPC ----
 
-// What a rank all-gathers at each phase (plain bytes): IPC handles of its buffers' allocations and of its event,
+// What a rank all-gathers at phase 0 (plain bytes): IPC handles of its buffers' allocations and of its events,
 // the call, and its device's UUID.
 struct Wire {
   cudaIpcMemHandle_t send_h{}, recv_h{};
@@ -448,6 +448,12 @@ struct Wire {
   int32_t coll = 0, dtype = 0, op = 0, root = 0;
   int32_t exported = 0;  // 1: both buffers (where used) have IPC handles
   int32_t failed = 0;    // 1: CUDA failed on this rank before the call could be published (every rank fails)
+};
+
+// What a rank all-gathers at phases 1 and 2: nothing but whether it failed since phase 0 (1) or not (0); the
+// rendezvous itself is the message (every rank recorded the phase's event before it arrives).
+struct PhaseFlag {
+  int32_t failed = 0;
 };
 
 using MemGetAddressRangeFn = CUresult(CUDAAPI*)(CUdeviceptr*, size_t*, CUdeviceptr);
@@ -610,7 +616,7 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
     throw e;
   }
   // A peer that failed is broken, so this communicator is too (its next call would wait for that peer in vain).
-  auto fail_if_a_peer_failed = [&](const std::vector<Wire>& got, const char* when) {
+  auto fail_if_a_peer_failed = [&](const auto& got, const char* when) {
     for (int q = 0; q < n; ++q)
       if (got[q].failed == 1) {
         const Error e(chorusRemoteError, Subsys::Core,
@@ -670,10 +676,8 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
       }
     }
     run_schedule(comm, a, s, device, ev, in, [&](int phase, const Entry&) {
-      Wire w;  // the rendezvous only: every rank has recorded the phase's event before it arrives
-      std::memset(static_cast<void*>(&w), 0, sizeof(w));
       from_rendezvous = true;
-      const std::vector<Wire> got = all_gather(comm, w);
+      const std::vector<PhaseFlag> got = all_gather(comm, PhaseFlag{});
       fail_if_a_peer_failed(got, "during the call");
       from_rendezvous = false;
       next_phase = phase + 1;
@@ -685,11 +689,8 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
     const auto* known = dynamic_cast<const Error*>(&x);
     const Error e = known != nullptr ? *known : Error(chorusInternalError, Subsys::Core, x.what());
     if (!from_rendezvous && next_phase <= 2) {
-      Wire w;
-      std::memset(static_cast<void*>(&w), 0, sizeof(w));
-      w.failed = 1;
       try {
-        all_gather(comm, w);
+        all_gather(comm, PhaseFlag{1});
       } catch (...) {
         // the peers are failing already
       }
