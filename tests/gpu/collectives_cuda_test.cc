@@ -451,7 +451,8 @@ TEST(CudaProcesses, TwoAndFourProcessesOnOneGpu) {
       // The INFO log says which path the ranks decided on, so the test knows the IPC path was taken.
       const test::Result r =
           test::run(std::string("CHORUS_DEBUG=INFO CHORUS_DEBUG_SUBSYS=RUNTIME CHORUS_CUDA_DIRECT=") + direct + " " +
-                    CHORUSRUN + " -n " + std::to_string(n) + " --timeout 120 " + GPU_MP_WORKER);
+                    test::built_tool(CHORUSRUN) + " -n " + std::to_string(n) + " --timeout 120 " +
+                    test::built_tool(GPU_MP_WORKER));
       EXPECT_EQ(r.code, 0) << "CHORUS_CUDA_DIRECT=" << direct << "\n" << r.out;
       EXPECT_EQ(test::count_of(r.out, "gpu-mp: ok"), n) << "CHORUS_CUDA_DIRECT=" << direct << "\n" << r.out;
       EXPECT_EQ(test::count_of(r.out, "device-direct over CUDA IPC"), std::string(direct) == "1" ? n : 0)
