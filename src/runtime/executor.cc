@@ -64,6 +64,9 @@ std::string describe_call(int rank, const WireHeader& h) {
 }
 
 std::string describe_header(const WireHeader& h) {
+  // A point-to-point header carries no count or dtype (each message's size is its own): say what it is.
+  if (static_cast<algo::Coll>(h.coll) == algo::Coll::SendRecv)
+    return cat("SendRecv(point-to-point, seq=", h.seq & ~(uint64_t{1} << 63), ")");
   std::string s = cat(algo::coll_name(static_cast<algo::Coll>(h.coll)), "(count=", h.count, ", ",
                       dtype_name(static_cast<chorusDataType_t>(h.dtype)));
   auto coll = static_cast<algo::Coll>(h.coll);
@@ -77,11 +80,8 @@ std::string describe_header(const WireHeader& h) {
     s += cat(", codec=", kCodecs[(f & 15) - 1], " block=", b32 == 2047 ? std::string(">65504") : cat(b32 * 32),
              (f & 16) ? " stochastic" : "", (f & 32) ? " rotation" : "", " seed/step#", f >> 17);
   }
-  if (coll != algo::Coll::SendRecv) {
-    const algo::AlgorithmInfo* info = algo::algorithm_by_id(h.algo);
-    s += cat(", algorithm=", info ? info->name : "?",
-             info && info->id >= algo::kCompressedIdBase ? " (compressed)" : "");
-  }
+  const algo::AlgorithmInfo* info = algo::algorithm_by_id(h.algo);
+  s += cat(", algorithm=", info ? info->name : "?", info && info->id >= algo::kCompressedIdBase ? " (compressed)" : "");
   return s + cat(", seq=", h.seq & ~(uint64_t{1} << 63), ")");
 }
 
@@ -276,11 +276,12 @@ class Run {
                       describe_header(want), " but rank ", s.recv_peer, " called ", describe_header(got),
                       got.comm_id != want.comm_id ? " on another communicator" : ""));
     }
-    if (got.bytes != bytes || ((got.flags & WireHeader::kLastSlice) != 0) != last)
+    const bool their_last = (got.flags & WireHeader::kLastSlice) != 0;
+    if (got.bytes != bytes || their_last != last)
       throw Error(chorusRemoteError, Subsys::Runtime,
                   cat(describe_call(p_.rank, p_.header), ": rank ", s.recv_peer, " sent ", got.bytes, " bytes",
-                      (got.flags & WireHeader::kLastSlice) ? " (its last)" : "", " where this rank expected ", bytes,
-                      last ? " (its last)" : "", ": the two sides' counts disagree"));
+                      their_last ? " as its last message" : " with more to follow", " where this rank expected ", bytes,
+                      last ? " as the last" : " with more to follow", ": the two sides' counts disagree"));
   }
 
   bool try_step(const Step& s, const StepConns& c, size_t slice) {

@@ -465,6 +465,24 @@ TEST(PointToPoint, SizeMismatchIsAnError) {
   });
 }
 
+TEST(PointToPoint, ASendMeetingACollectiveIsReportedAsPointToPoint) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "20000");
+  World w(2);  // its own world: the error breaks the communicators
+  w.run([&](int r, chorusComm_t c) {
+    std::vector<float> buf(1000, 1.0f);
+    chorusResult_t res =
+        r == 0 ? chorusSend(buf.data(), buf.size(), chorusFloat32, 1, c, nullptr)
+               : chorusAllReduce(buf.data(), buf.data(), buf.size(), chorusFloat32, chorusSum, c, nullptr);
+    EXPECT_NE(res, chorusSuccess) << "rank " << r;
+    if (r == 1) {
+      // The header of a point-to-point call has no count or dtype of its own: the report must not invent them.
+      const std::string e = chorusGetLastError(c);
+      EXPECT_NE(e.find("but rank 0 called SendRecv(point-to-point"), std::string::npos) << e;
+      EXPECT_EQ(e.find("count=0"), std::string::npos) << e;
+    }
+  });
+}
+
 TEST(Collectives, BarrierWaitsForEveryRank) {
   World& w = World::get(4);
   std::atomic<int> arrived{0};
