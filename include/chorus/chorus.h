@@ -15,7 +15,8 @@
  *  - Buffers: host memory with stream NULL, and the call blocks until the operation is complete. In a CUDA build
  *    the blocking collectives, chorusSend and chorusRecv also take device buffers: given a cudaStream_t (or device
  *    buffers with stream NULL, the legacy default stream) the call is ordered on the stream and returns at once
- *    (docs/cuda.md); the non-blocking forms take host buffers only.
+ *    (docs/cuda.md); the non-blocking forms take host buffers only. cudaStreamLegacy counts as NULL (the same
+ *    stream); cudaStreamPerThread is a stream like any other.
  */
 #ifndef CHORUS_CHORUS_H_
 #define CHORUS_CHORUS_H_

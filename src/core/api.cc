@@ -133,6 +133,13 @@ void no_stream_without_cuda(chorusStream_t stream) {
 #endif
 }
 
+// The caller's stream as the library sees it: cudaStreamLegacy ((cudaStream_t)0x1, CUDA runtime API) is NULL, the
+// legacy default stream that the library's CUDA calls take NULL to mean (it is built without per-thread default
+// streams). So the two are one stream in a group, and host buffers with either are a blocking host call.
+chorusStream_t canonical(chorusStream_t stream) {
+  return reinterpret_cast<uintptr_t>(stream) == 0x1 ? nullptr : stream;
+}
+
 // Runs the validated call `a` (a collective, or point-to-point calls of one communicator) under the caller's guard:
 // stream-ordered when there is a stream or a device buffer (src/runtime/cuda_stream.h), else on the host.
 void run(CommImpl& c, CollArgs a, chorusStream_t stream) {
@@ -146,6 +153,7 @@ void run(CommImpl& c, CollArgs a, chorusStream_t stream) {
 }
 
 chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
+  stream = canonical(stream);
   return guarded(comm, [&] {
     CommImpl& c = live(comm);
     no_stream_without_cuda(stream);
@@ -175,6 +183,7 @@ chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* reques
 
 chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chorusDataType_t dtype, int peer,
                    chorusStream_t stream) {
+  stream = canonical(stream);
   return guarded(comm, [&] {
     CommImpl& c = live(comm);
     no_stream_without_cuda(stream);

@@ -190,6 +190,18 @@ struct Events {
   void record_tail(cudaStream_t s) {
     auto it = tails.find(s);
     if (it == tails.end()) {
+      // Streams come and go (one per step, say): an entry whose last call has ended needs no wait, so entries are
+      // dropped when their event has completed, and the map holds only streams with calls in flight.
+      for (auto p = tails.begin(); p != tails.end();) {
+        const cudaError_t q = cudaEventQuery(p->second);
+        if (q == cudaSuccess) {
+          cudaEventDestroy(p->second);
+          p = tails.erase(p);
+        } else {
+          if (q == cudaErrorNotReady) cudaGetLastError();  // not an error: leave none for a later launch check
+          ++p;
+        }
+      }
       cudaEvent_t e = nullptr;
       check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
       it = tails.emplace(s, e).first;

@@ -205,5 +205,23 @@ TEST(StreamArgument, PointToPointWithAStreamTakesDeviceBuffersOnly) {
   });
 }
 
+TEST(StreamArgument, TheLegacyDefaultStreamIsNull) {
+  test::World& w = test::World::get(2);
+  w.run([](int r, chorusComm_t c) {
+    const auto legacy = reinterpret_cast<chorusStream_t>(uintptr_t{0x1});  // cudaStreamLegacy
+    std::vector<float> x(16, 1.0f + r), y(16, 0.0f);
+    // Host buffers with it: a blocking host call, as with NULL.
+    ASSERT_EQ(chorusAllReduce(x.data(), y.data(), 16, chorusFloat32, chorusSum, c, legacy), chorusSuccess)
+        << chorusGetLastError(c);
+    for (float v : y) ASSERT_EQ(v, 3.0f);
+    // In a group, calls with NULL and with it are on one stream.
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    EXPECT_EQ(chorusSend(x.data(), 16, chorusFloat32, 1 - r, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusRecv(y.data(), 16, chorusFloat32, 1 - r, c, legacy), chorusSuccess) << chorusGetLastError(c);
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
+    for (float v : y) ASSERT_EQ(v, 2.0f - r);
+  });
+}
+
 }  // namespace
 }  // namespace chorus
