@@ -11,8 +11,8 @@
 #   lib/       the shared libraries they load that are not the C library's own (libcudart, libhwloc, libcrypto ...)
 #   fallback/  this machine's libstdc++ and libgcc_s, used there only when the machine's own are too old
 #   COMMIT     the commit, and whether the working tree differed from it
-#   SOURCES.sha256  checksums of every tracked and untracked-not-ignored file: gpu-check refuses a pack built
-#              from other sources than the tree it runs in (no git is needed there)
+#   SOURCES.sha256  checksums of every tracked and untracked-not-ignored file but the documentation: gpu-check
+#              refuses a pack built from other sources than the tree it runs in (no git is needed there)
 #
 # The binaries need glibc 2.34 and GLIBCXX 3.4.30 at most (Debian 12 builds them); the script prints both.
 # Usage: scripts/gpu-pack.sh            Exit status: non-zero when the build fails or the pack is too large.
@@ -22,6 +22,7 @@ root=$(pwd)
 build="$root/build/gpu-pack"
 pack="$root/.gpu-pack"
 max_mib=56  # the device tool carries 64 MiB in all, the tracked tree included
+mkdir -p "$root/build"
 
 command -v nvcc > /dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 launcher=()
@@ -67,7 +68,8 @@ elif [ -n "$(git ls-files --others --exclude-standard)" ]; then
   state=" (with untracked files)"
 fi
 echo "$(git rev-parse HEAD)$state" > "$pack/COMMIT"
-git ls-files -z --cached --others --exclude-standard | xargs -0 sha256sum > "$pack/SOURCES.sha256"
+# Documentation is left out, so that notes written after packing do not make the pack stale.
+git ls-files -z --cached --others --exclude-standard -- ':!docs/' ':!*.md' | xargs -0 sha256sum > "$pack/SOURCES.sha256"
 
 glibc=$(for b in "$pack"/bin/* "$pack"/lib/*; do objdump -T "$b"; done | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1)
 glibcxx=$(for b in "$pack"/bin/*; do objdump -T "$b"; done | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -n 1)
@@ -77,4 +79,5 @@ echo "gpu-pack: $pack ($(du -sh "$pack" | cut -f1); with the tree ${size_mib} Mi
 echo "gpu-pack: commit $(cat "$pack/COMMIT"); $(cat "$pack/NEEDS")"
 ls -l "$pack/bin" "$pack/lib"
 [ "$size_mib" -le "$max_mib" ] || { echo "gpu-pack: the pack is larger than ${max_mib} MiB" >&2; exit 1; }
+echo "gpu-pack: check it here with: bash scripts/gpu-check.sh --prebuilt .gpu-pack --check-pack"
 echo "gpu-pack: on the GPU machine run: bash scripts/gpu-check.sh --prebuilt .gpu-pack"

@@ -89,7 +89,10 @@ double finish(chorusRedOp_t op, chorusDataType_t t, double v, int n) {
   return is_float(t) ? v / n : std::trunc(v / n);
 }
 
-// One collective on every rank with device buffers on the rank's own stream; checks every rank's result.
+// One collective on every rank with device buffers on the rank's own stream; checks every rank's result. The buffers
+// are allocated, filled and read back by the test's thread while no call is in flight: a rank's thread runs only
+// its call and its stream's synchronization, since a wait for the whole device there (cudaMalloc, cudaFree, a
+// synchronous copy) could wait for another rank's staged call, which waits for this rank's (docs/cuda.md, rules).
 void run_collective(World& w, const std::vector<cudaStream_t>& streams, const char* coll, chorusDataType_t t,
                     chorusRedOp_t op, size_t count, bool in_place) {
   const int n = w.size();
@@ -100,21 +103,31 @@ void run_collective(World& w, const std::vector<cudaStream_t>& streams, const ch
   const size_t in_elems = (c == "reduce_scatter" || c == "all_to_all") ? count * n : count;
   const size_t out_elems = (c == "all_gather" || c == "all_to_all") ? count * n : count;
   const size_t es = esize(t);
-  w.run([&](int r, chorusComm_t comm) {
-    std::vector<std::byte> in(in_elems * es), out(out_elems * es);
+  struct RankBuffers {
+    std::unique_ptr<DeviceBuffer> buf;
+    std::byte* send = nullptr;
+    std::byte* recv = nullptr;
+  };
+  std::vector<RankBuffers> b(n);
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::byte> in(in_elems * es);
     for (size_t j = 0; j < in_elems; ++j) store(t, in.data(), j, value(r, j, op, is_signed));
-    DeviceBuffer dbuf(std::max(in_elems, out_elems) * es * 2 + 256);
-    ASSERT_TRUE(dbuf.ok());
-    std::byte* dsend = dbuf.get();
-    std::byte* drecv = dbuf.get((in_elems * es + 255) / 256 * 256);
+    b[r].buf = std::make_unique<DeviceBuffer>(std::max(in_elems, out_elems) * es * 2 + 256);
+    ASSERT_TRUE(b[r].buf->ok());
+    b[r].send = b[r].buf->get();
+    b[r].recv = b[r].buf->get((in_elems * es + 255) / 256 * 256);
     if (in_place) {
       // The in-place forms: the same buffer; all-gather reads its block at recvbuff + rank * count, reduce-scatter
       // writes at sendbuff + rank * count.
-      drecv = dsend;
-      if (c == "all_gather") dsend = drecv + r * count * es;
-      if (c == "reduce_scatter") drecv = dsend + r * count * es;
+      b[r].recv = b[r].send;
+      if (c == "all_gather") b[r].send = b[r].recv + r * count * es;
+      if (c == "reduce_scatter") b[r].recv = b[r].send + r * count * es;
     }
-    ASSERT_EQ(upload(dsend, in.data(), in.size()), cudaSuccess);
+    ASSERT_EQ(upload(b[r].send, in.data(), in.size()), cudaSuccess);
+  }
+  w.run([&](int r, chorusComm_t comm) {
+    void* dsend = b[r].send;
+    void* drecv = b[r].recv;
     cudaStream_t s = streams[r];
     chorusResult_t res = chorusSuccess;
     if (c == "all_reduce") res = chorusAllReduce(dsend, drecv, count, t, op, comm, s);
@@ -128,13 +141,16 @@ void run_collective(World& w, const std::vector<cudaStream_t>& streams, const ch
     chorusResult_t async = chorusSuccess;
     ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
     ASSERT_EQ(async, chorusSuccess) << chorusGetLastError(comm);
-    if (c == "reduce" && r != root) return;  // nothing defined on the other ranks
-    ASSERT_EQ(download(out.data(), drecv, out.size()), cudaSuccess);
-    auto reduced = [&](size_t j) {
-      double v = value(0, j, op, is_signed);
-      for (int q = 1; q < n; ++q) v = combine(op, v, value(q, j, op, is_signed));
-      return finish(op, t, v, n);
-    };
+  });
+  auto reduced = [&](size_t j) {
+    double v = value(0, j, op, is_signed);
+    for (int q = 1; q < n; ++q) v = combine(op, v, value(q, j, op, is_signed));
+    return finish(op, t, v, n);
+  };
+  for (int r = 0; r < n; ++r) {
+    if (c == "reduce" && r != root) continue;  // nothing defined on the other ranks
+    std::vector<std::byte> out(out_elems * es);
+    ASSERT_EQ(download(out.data(), b[r].recv, out.size()), cudaSuccess);
     for (size_t i = 0; i < out_elems; ++i) {
       double want = 0;
       if (c == "all_reduce" || c == "reduce") want = reduced(i);
@@ -149,7 +165,7 @@ void run_collective(World& w, const std::vector<cudaStream_t>& streams, const ch
           << coll << " dtype " << t << " op " << op << " n=" << n << " rank " << r << " element " << i
           << (in_place ? " in place" : "");
     }
-  });
+  }
 }
 
 std::vector<cudaStream_t> make_streams(int n) {
@@ -197,35 +213,50 @@ TEST(CudaCollectives, EveryCollectiveDtypeAndOpAt1To8RanksInAndOutOfPlace) {
 
 TEST(CudaCollectives, CapturedInAGraphAndReplayed) {
   CHORUS_REQUIRE_CUDA_DEVICE();
-  World& w = World::get(4);
-  std::vector<cudaStream_t> streams = make_streams(4);
+  const int n = 4;
+  World& w = World::get(n);
+  std::vector<cudaStream_t> streams = make_streams(n);
   const size_t count = 100003;
+  std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+  for (int r = 0; r < n; ++r) {
+    in.push_back(std::make_unique<DeviceBuffer>(count * 4));
+    out.push_back(std::make_unique<DeviceBuffer>(count * 4));
+    ASSERT_TRUE(in.back()->ok() && out.back()->ok());
+  }
+  std::vector<cudaGraph_t> graphs(n, nullptr);
+  std::vector<cudaGraphExec_t> execs(n, nullptr);
   w.run([&](int r, chorusComm_t comm) {
-    DeviceBuffer in(count * 4), out(count * 4);
-    ASSERT_TRUE(in.ok() && out.ok());
     cudaStream_t s = streams[r];
-    cudaGraph_t graph = nullptr;
     ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    ASSERT_EQ(chorusAllReduce(in.get(), out.get(), count, chorusFloat32, chorusSum, comm, s), chorusSuccess)
+    ASSERT_EQ(chorusAllReduce(in[r]->get(), out[r]->get(), count, chorusFloat32, chorusSum, comm, s), chorusSuccess)
         << chorusGetLastError(comm);
-    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int replay = 0; replay < 3; ++replay) {
-      std::vector<float> x(count), y(count);
+    ASSERT_EQ(cudaStreamEndCapture(s, &graphs[r]), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&execs[r], graphs[r], 0), cudaSuccess);
+  });
+  for (int replay = 0; replay < 3; ++replay) {
+    // New inputs between replays, uploaded while no replay is in flight.
+    for (int r = 0; r < n; ++r) {
+      std::vector<float> x(count);
       for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>((r + 1) * (replay + 1) + i % 7);
-      ASSERT_EQ(upload(in.get(), x.data(), count * 4), cudaSuccess);
-      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      ASSERT_EQ(download(y.data(), out.get(), count * 4), cudaSuccess);
+      ASSERT_EQ(upload(in[r]->get(), x.data(), count * 4), cudaSuccess);
+    }
+    w.run([&](int r, chorusComm_t) {
+      ASSERT_EQ(cudaGraphLaunch(execs[r], streams[r]), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+    });
+    for (int r = 0; r < n; ++r) {
+      std::vector<float> y(count);
+      ASSERT_EQ(download(y.data(), out[r]->get(), count * 4), cudaSuccess);
       for (size_t i = 0; i < count; ++i) {
         const float want = static_cast<float>(10 * (replay + 1) + 4 * (i % 7));
         ASSERT_EQ(y[i], want) << "rank " << r << " replay " << replay << " element " << i;
       }
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-  });
+  }
+  for (int r = 0; r < n; ++r) {
+    cudaGraphExecDestroy(execs[r]);
+    cudaGraphDestroy(graphs[r]);
+  }
   destroy_streams(streams);
 }
 
@@ -233,11 +264,14 @@ TEST(CudaCollectives, TheHostDoesNotWaitForTheStream) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   World& w = World::get(2);
   std::vector<cudaStream_t> streams = make_streams(2);
+  std::vector<std::unique_ptr<DeviceBuffer>> buf;
+  for (int r = 0; r < 2; ++r) {
+    buf.push_back(std::make_unique<DeviceBuffer>(4096));
+    ASSERT_TRUE(buf.back()->ok());
+    std::vector<float> x(1024, 1.0f + r);
+    ASSERT_EQ(upload(buf.back()->get(), x.data(), 4096), cudaSuccess);
+  }
   w.run([&](int r, chorusComm_t comm) {
-    DeviceBuffer buf(4096);
-    ASSERT_TRUE(buf.ok());
-    std::vector<float> x(1024, 1.0f + r), y(1024);
-    ASSERT_EQ(upload(buf.get(), x.data(), 4096), cudaSuccess);
     // The stream is held by a gate that opens only after the collective call returned on the host: a call that
     // waited for the stream would never return.
     std::atomic<bool> open{false};
@@ -249,70 +283,84 @@ TEST(CudaCollectives, TheHostDoesNotWaitForTheStream) {
                   },
                   &open),
               cudaSuccess);
-    ASSERT_EQ(chorusAllReduce(buf.get(), buf.get(), 1024, chorusFloat32, chorusSum, comm, streams[r]), chorusSuccess)
+    ASSERT_EQ(chorusAllReduce(buf[r]->get(), buf[r]->get(), 1024, chorusFloat32, chorusSum, comm, streams[r]),
+              chorusSuccess)
         << chorusGetLastError(comm);
     open = true;
     ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
-    ASSERT_EQ(download(y.data(), buf.get(), 4096), cudaSuccess);
-    for (float v : y) ASSERT_EQ(v, 3.0f);
   });
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> y(1024);
+    ASSERT_EQ(download(y.data(), buf[r]->get(), 4096), cudaSuccess);
+    for (float v : y) ASSERT_EQ(v, 3.0f) << "rank " << r;
+  }
   destroy_streams(streams);
 }
 
 TEST(CudaCollectives, CompressedAllReduceOnDeviceBuffersGivesTheSameBitsEverywhere) {
   CHORUS_REQUIRE_CUDA_DEVICE();
-  World& w = World::get(4);
-  std::vector<cudaStream_t> streams = make_streams(4);
+  const int n = 4;
+  World& w = World::get(n);
+  std::vector<cudaStream_t> streams = make_streams(n);
   const size_t count = 50000;
-  std::vector<std::vector<float>> got(4, std::vector<float>(count));
-  w.run([&](int r, chorusComm_t comm) {
-    DeviceBuffer buf(count * 4);
-    ASSERT_TRUE(buf.ok());
+  std::vector<std::unique_ptr<DeviceBuffer>> buf;
+  for (int r = 0; r < n; ++r) {
+    buf.push_back(std::make_unique<DeviceBuffer>(count * 4));
+    ASSERT_TRUE(buf.back()->ok());
     std::vector<float> x(count);
     for (size_t i = 0; i < count; ++i) x[i] = std::sin(0.001f * static_cast<float>(i * (r + 1)));
-    ASSERT_EQ(upload(buf.get(), x.data(), count * 4), cudaSuccess);
+    ASSERT_EQ(upload(buf.back()->get(), x.data(), count * 4), cudaSuccess);
+  }
+  w.run([&](int r, chorusComm_t comm) {
     chorusCompression_t z = CHORUS_COMPRESSION_INIT(chorusCodecInt8);
     chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
     o.compression = &z;
-    ASSERT_EQ(chorusAllReduceEx(buf.get(), buf.get(), count, chorusFloat32, chorusSum, &o, comm, streams[r]),
+    ASSERT_EQ(chorusAllReduceEx(buf[r]->get(), buf[r]->get(), count, chorusFloat32, chorusSum, &o, comm, streams[r]),
               chorusSuccess)
         << chorusGetLastError(comm);
     ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
-    ASSERT_EQ(download(got[r].data(), buf.get(), count * 4), cudaSuccess);
   });
-  for (int r = 1; r < 4; ++r) EXPECT_EQ(std::memcmp(got[r].data(), got[0].data(), count * 4), 0) << "rank " << r;
+  std::vector<std::vector<float>> got(n, std::vector<float>(count));
+  for (int r = 0; r < n; ++r) ASSERT_EQ(download(got[r].data(), buf[r]->get(), count * 4), cudaSuccess);
+  for (int r = 1; r < n; ++r) EXPECT_EQ(std::memcmp(got[r].data(), got[0].data(), count * 4), 0) << "rank " << r;
   destroy_streams(streams);
 }
 
 TEST(CudaCollectives, MixedOrUnsupportedBuffersAreClearErrors) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   World& w = World::get(2);
+  std::vector<std::unique_ptr<DeviceBuffer>> dev;
+  for (int r = 0; r < 2; ++r) {
+    dev.push_back(std::make_unique<DeviceBuffer>(4096));
+    ASSERT_TRUE(dev.back()->ok());
+  }
   w.run([&](int r, chorusComm_t comm) {
-    DeviceBuffer dev(4096);
     std::vector<float> host(1024, 1.0f);
-    ASSERT_EQ(chorusAllReduce(dev.get(), host.data(), 1024, chorusFloat32, chorusSum, comm, nullptr),
+    ASSERT_EQ(chorusAllReduce(dev[r]->get(), host.data(), 1024, chorusFloat32, chorusSum, comm, nullptr),
               chorusInvalidArgument);
     EXPECT_NE(std::string(chorusGetLastError(comm)).find("recvbuff"), std::string::npos) << chorusGetLastError(comm);
     chorusRequest_t req = nullptr;
-    EXPECT_EQ(chorusIallReduce(dev.get(), dev.get(), 1024, chorusFloat32, chorusSum, comm, &req), chorusNotSupported);
+    EXPECT_EQ(chorusIallReduce(dev[r]->get(), dev[r]->get(), 1024, chorusFloat32, chorusSum, comm, &req),
+              chorusNotSupported);
     EXPECT_NE(std::string(chorusGetLastError(comm)).find("non-blocking"), std::string::npos);
     // Still usable.
     ASSERT_EQ(chorusAllReduce(host.data(), host.data(), 1024, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess);
     for (float v : host) ASSERT_EQ(v, 2.0f) << "rank " << r;
   });
   // Point-to-point: host and device buffers are not mixed in one group; the call that would mix them is refused when
-  // it is made, and the group's other calls (a device exchange, legacy default stream) still run.
+  // it is made, and the group's other calls (a device exchange, legacy default stream) still run. Each rank
+  // exchanges with itself only: the two thread-ranks share the NULL stream, and staged calls of two ranks on one
+  // stream that waited for each other would never end.
   w.run([&](int r, chorusComm_t comm) {
-    DeviceBuffer dev(4096);
     std::vector<float> host(512, 1.0f);
     ASSERT_EQ(chorusGroupStart(), chorusSuccess);
-    ASSERT_EQ(chorusSend(dev.get(), 512, chorusFloat32, 1 - r, comm, nullptr), chorusSuccess);
-    ASSERT_EQ(chorusRecv(dev.get(2048), 512, chorusFloat32, 1 - r, comm, nullptr), chorusSuccess);
-    EXPECT_EQ(chorusRecv(host.data(), 512, chorusFloat32, 1 - r, comm, nullptr), chorusInvalidArgument);
+    ASSERT_EQ(chorusSend(dev[r]->get(), 512, chorusFloat32, r, comm, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusRecv(dev[r]->get(2048), 512, chorusFloat32, r, comm, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusRecv(host.data(), 512, chorusFloat32, r, comm, nullptr), chorusInvalidArgument);
     EXPECT_NE(std::string(chorusGetLastError(comm)).find("recvbuff is host memory"), std::string::npos)
         << chorusGetLastError(comm);
     ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(comm);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
     for (float v : host) ASSERT_EQ(v, 1.0f);
   });
 }
@@ -321,11 +369,14 @@ TEST(CudaCollectives, MismatchedCallsOnTheDirectPathAreReportedNotRun) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   World w(2);  // its own communicators: a mismatch breaks them
   std::vector<cudaStream_t> streams = make_streams(2);
+  std::vector<std::unique_ptr<DeviceBuffer>> buf;
+  for (int r = 0; r < 2; ++r) {
+    buf.push_back(std::make_unique<DeviceBuffer>(8192));
+    ASSERT_TRUE(buf.back()->ok());
+  }
   w.run([&](int r, chorusComm_t comm) {
-    DeviceBuffer buf(8192);
-    ASSERT_TRUE(buf.ok());
     const size_t count = r == 0 ? 1000 : 2000;
-    EXPECT_EQ(chorusAllReduce(buf.get(), buf.get(), count, chorusFloat32, chorusSum, comm, streams[r]),
+    EXPECT_EQ(chorusAllReduce(buf[r]->get(), buf[r]->get(), count, chorusFloat32, chorusSum, comm, streams[r]),
               chorusRemoteError);
     EXPECT_NE(std::string(chorusGetLastError(comm)).find("mismatched device collective"), std::string::npos)
         << chorusGetLastError(comm);
@@ -345,49 +396,63 @@ TEST(CudaCollectives, PointToPointOnDeviceBuffersInAGroupAndAlone) {
   auto val = [](int rank, int tag, size_t i) {
     return static_cast<float>(rank * 100 + tag * 10 + static_cast<int>(i % 7));
   };
+  struct RankBuffers {
+    DeviceBuffer to_next{count * 4}, to_self{count * 4}, from_prev{count * 4}, from_self{count * 4};
+  };
+  std::vector<std::unique_ptr<RankBuffers>> b;
+  for (int r = 0; r < n; ++r) {
+    b.push_back(std::make_unique<RankBuffers>());
+    RankBuffers& k = *b.back();
+    ASSERT_TRUE(k.to_next.ok() && k.to_self.ok() && k.from_prev.ok() && k.from_self.ok());
+    std::vector<float> x(count);
+    for (size_t i = 0; i < count; ++i) x[i] = val(r, 1, i);
+    ASSERT_EQ(upload(k.to_next.get(), x.data(), count * 4), cudaSuccess);
+    for (size_t i = 0; i < count; ++i) x[i] = val(r, 2, i);
+    ASSERT_EQ(upload(k.to_self.get(), x.data(), count * 4), cudaSuccess);
+  }
   w.run([&](int r, chorusComm_t comm) {
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
-    DeviceBuffer to_next(count * 4), to_self(count * 4), from_prev(count * 4), from_self(count * 4);
-    ASSERT_TRUE(to_next.ok() && to_self.ok() && from_prev.ok() && from_self.ok());
-    std::vector<float> x(count), y(count);
-    for (size_t i = 0; i < count; ++i) x[i] = val(r, 1, i);
-    ASSERT_EQ(upload(to_next.get(), x.data(), count * 4), cudaSuccess);
-    for (size_t i = 0; i < count; ++i) x[i] = val(r, 2, i);
-    ASSERT_EQ(upload(to_self.get(), x.data(), count * 4), cudaSuccess);
+    RankBuffers& k = *b[r];
     cudaStream_t s = streams[r];
     ASSERT_EQ(chorusGroupStart(), chorusSuccess);
-    ASSERT_EQ(chorusRecv(from_prev.get(), count, chorusFloat32, prev, comm, s), chorusSuccess);
-    ASSERT_EQ(chorusSend(to_next.get(), count, chorusFloat32, next, comm, s), chorusSuccess);
-    ASSERT_EQ(chorusSend(to_self.get(), count, chorusFloat32, r, comm, s), chorusSuccess);
-    ASSERT_EQ(chorusRecv(from_self.get(), count, chorusFloat32, r, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusRecv(k.from_prev.get(), count, chorusFloat32, prev, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusSend(k.to_next.get(), count, chorusFloat32, next, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusSend(k.to_self.get(), count, chorusFloat32, r, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusRecv(k.from_self.get(), count, chorusFloat32, r, comm, s), chorusSuccess);
     ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(comm);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     chorusResult_t async = chorusSuccess;
     ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
     ASSERT_EQ(async, chorusSuccess) << chorusGetLastError(comm);
-    ASSERT_EQ(download(y.data(), from_prev.get(), count * 4), cudaSuccess);
+  });
+  std::vector<float> y(count);
+  for (int r = 0; r < n; ++r) {
+    const int prev = (r + n - 1) % n;
+    ASSERT_EQ(download(y.data(), b[r]->from_prev.get(), count * 4), cudaSuccess);
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], val(prev, 1, i)) << "rank " << r << " element " << i;
-    ASSERT_EQ(download(y.data(), from_self.get(), count * 4), cudaSuccess);
+    ASSERT_EQ(download(y.data(), b[r]->from_self.get(), count * 4), cudaSuccess);
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], val(r, 2, i)) << "rank " << r << " element " << i;
-    // Alone: rank 0 sends to rank 1 (in three calls: an empty one, then two of different sizes, so that an empty
-    // message lost or left over would shift the others); the other ranks do nothing.
+  }
+  // Alone: rank 0 sends to rank 1 (in three calls: an empty one, then two of different sizes, so that an empty
+  // message lost or left over would shift the others); the other ranks do nothing.
+  w.run([&](int r, chorusComm_t comm) {
+    RankBuffers& k = *b[r];
+    cudaStream_t s = streams[r];
     if (r == 0) {
-      ASSERT_EQ(chorusSend(to_next.get(), 0, chorusFloat32, 1, comm, s), chorusSuccess);
-      ASSERT_EQ(chorusSend(to_next.get(), count, chorusFloat32, 1, comm, s), chorusSuccess);
-      ASSERT_EQ(chorusSend(to_self.get(), 5, chorusFloat32, 1, comm, s), chorusSuccess);
+      ASSERT_EQ(chorusSend(k.to_next.get(), 0, chorusFloat32, 1, comm, s), chorusSuccess);
+      ASSERT_EQ(chorusSend(k.to_next.get(), count, chorusFloat32, 1, comm, s), chorusSuccess);
+      ASSERT_EQ(chorusSend(k.to_self.get(), 5, chorusFloat32, 1, comm, s), chorusSuccess);
     } else if (r == 1) {
-      ASSERT_EQ(chorusRecv(from_prev.get(), 0, chorusFloat32, 0, comm, s), chorusSuccess);
-      ASSERT_EQ(chorusRecv(from_prev.get(), count, chorusFloat32, 0, comm, s), chorusSuccess);
-      ASSERT_EQ(chorusRecv(from_self.get(), 5, chorusFloat32, 0, comm, s), chorusSuccess);
+      ASSERT_EQ(chorusRecv(k.from_prev.get(), 0, chorusFloat32, 0, comm, s), chorusSuccess);
+      ASSERT_EQ(chorusRecv(k.from_prev.get(), count, chorusFloat32, 0, comm, s), chorusSuccess);
+      ASSERT_EQ(chorusRecv(k.from_self.get(), 5, chorusFloat32, 0, comm, s), chorusSuccess);
     }
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    if (r == 1) {
-      ASSERT_EQ(download(y.data(), from_prev.get(), count * 4), cudaSuccess);
-      for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], val(0, 1, i)) << "element " << i;
-      ASSERT_EQ(download(y.data(), from_self.get(), 5 * 4), cudaSuccess);
-      for (size_t i = 0; i < 5; ++i) ASSERT_EQ(y[i], val(0, 2, i)) << "element " << i;
-    }
   });
+  ASSERT_EQ(download(y.data(), b[1]->from_prev.get(), count * 4), cudaSuccess);
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], val(0, 1, i)) << "element " << i;
+  ASSERT_EQ(download(y.data(), b[1]->from_self.get(), 5 * 4), cudaSuccess);
+  for (size_t i = 0; i < 5; ++i) ASSERT_EQ(y[i], val(0, 2, i)) << "element " << i;
   destroy_streams(streams);
 }
 
@@ -451,8 +516,8 @@ TEST(CudaProcesses, TwoAndFourProcessesOnOneGpu) {
       // The INFO log says which path the ranks decided on, so the test knows the IPC path was taken.
       const test::Result r =
           test::run(std::string("CHORUS_DEBUG=INFO CHORUS_DEBUG_SUBSYS=RUNTIME CHORUS_CUDA_DIRECT=") + direct + " " +
-                    test::built_tool(CHORUSRUN) + " -n " + std::to_string(n) + " --timeout 120 " +
-                    test::built_tool(GPU_MP_WORKER));
+                    "'" + test::built_tool(CHORUSRUN) + "' -n " + std::to_string(n) + " --timeout 120 '" +
+                    test::built_tool(GPU_MP_WORKER) + "'");
       EXPECT_EQ(r.code, 0) << "CHORUS_CUDA_DIRECT=" << direct << "\n" << r.out;
       EXPECT_EQ(test::count_of(r.out, "gpu-mp: ok"), n) << "CHORUS_CUDA_DIRECT=" << direct << "\n" << r.out;
       EXPECT_EQ(test::count_of(r.out, "device-direct over CUDA IPC"), std::string(direct) == "1" ? n : 0)

@@ -58,7 +58,9 @@ class DeviceBuffer {
 };
 
 // Synchronous for every stream: a cudaMemcpy from pageable memory may return before its DMA reached the device, and
-// work on a non-blocking stream would not wait for it.
+// work on a non-blocking stream would not wait for it. Waits for the whole device, so tests with ranks as threads
+// upload and download from the test's thread while no rank's call is in flight (a staged call's stream waits for
+// its peers' calls, and a rank thread blocked here would never make its own: docs/cuda.md, rules).
 inline cudaError_t upload(void* dst, const void* src, size_t bytes) {
   const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
   return e != cudaSuccess ? e : cudaDeviceSynchronize();
