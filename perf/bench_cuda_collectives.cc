@@ -300,8 +300,10 @@ int run_processes(size_t max_bytes, int iters, int trials) {
   for (size_t bytes : kSizes)
     if (bytes <= max_bytes) largest = bytes;
   RankBuffers buf(largest, n);
-  for (const std::string coll : {"all_reduce", "all_gather"})
-    for (const bool direct : {true, false}) {
+  // The CUDA IPC path first: staged calls of processes wait in kernels that the GPU time-slices between the
+  // processes' contexts (milliseconds per call, docs/cuda.md), so a time limit should cut those rows, not these.
+  for (const bool direct : {true, false})
+    for (const std::string coll : {"all_reduce", "all_gather"}) {
       setenv("CHORUS_CUDA_DIRECT", direct ? "1" : "0", 1);  // every rank sets the same before its calls
       for (size_t bytes : kSizes) {
         if (bytes > max_bytes) continue;
