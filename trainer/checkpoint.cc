@@ -136,14 +136,18 @@ int failures(Dist& dist, bool ok) {
   return static_cast<int>(f[0]);
 }
 
-// Complete checkpoints under root, oldest first.
+// Complete checkpoints under root, oldest first. A step-N.old without its step-N is step N: a checkpoint written
+// again (save_checkpoint, step 3) is renamed so before the new one takes its name, and a kill between the two renames
+// must not lose it.
 std::vector<fs::path> complete_checkpoints(const std::string& root) {
-  static const std::regex kName("step-[0-9]{8}");
+  static const std::regex kName("step-[0-9]{8}(\\.old)?");
   std::vector<fs::path> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
-    if (std::regex_match(name, kName) && fs::exists(e.path() / "meta.txt")) out.push_back(e.path());
+    if (!std::regex_match(name, kName) || !fs::exists(e.path() / "meta.txt")) continue;
+    if (e.path().extension() == ".old" && fs::exists(e.path().parent_path() / e.path().stem())) continue;
+    out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -209,6 +213,13 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
 std::string latest_checkpoint(const std::string& root) {
   std::vector<fs::path> all = complete_checkpoints(root);
   return all.empty() ? "" : all.back().string();
+}
+
+std::vector<std::string> checkpoints_after(const std::string& root, int step) {
+  std::vector<std::string> out;
+  for (const fs::path& p : complete_checkpoints(root))
+    if (std::stoi(p.filename().string().substr(5, 8)) > step) out.push_back(p.string());
+  return out;
 }
 
 CheckpointMeta read_meta(const std::string& dir) {

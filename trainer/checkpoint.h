@@ -47,6 +47,9 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
 // The newest complete checkpoint under root, or "" when there is none.
 std::string latest_checkpoint(const std::string& root);
 
+// The complete checkpoints under root of steps after `step`, oldest first.
+std::vector<std::string> checkpoints_after(const std::string& root, int step);
+
 // Reads a checkpoint's meta.txt. Throws std::runtime_error when dir is not a checkpoint.
 CheckpointMeta read_meta(const std::string& dir);
 

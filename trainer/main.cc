@@ -88,7 +88,8 @@ void usage(FILE* f) {
       "  --keep K               checkpoints kept (default 2)\n"
       "  --resume               continue from the newest checkpoint in DIR/checkpoints\n"
       "  --resume-from CKPT     continue from the checkpoint directory CKPT\n"
-      "  --overwrite            start afresh even though DIR holds checkpoints (they are deleted)\n"
+      "  --overwrite            start afresh although DIR holds checkpoints; with --resume-from, delete DIR's\n"
+      "                         checkpoints after the one resumed from (else refused)\n"
       "  --no-plot              do not run gnuplot\n"
       "testing:\n"
       "  --kill-at R:S[:checkpoint]  rank R SIGKILLs itself in step S (or while writing checkpoint S)\n",
@@ -384,7 +385,23 @@ int run(const Options& o) {
     if (world) world->barrier();  // every rank has looked before rank 0 deletes
     if (lead) fs::remove_all(ckpt_root);
   }
-  if (!resume_dir.empty()) trainer.resume(resume_dir);
+  if (!resume_dir.empty()) {
+    // Checkpoints after the one resumed from, in the folder this run writes to, belong to the run it leaves: this
+    // run's checkpoints would interleave with them, the newest kept would be theirs, and --resume would take the
+    // stale newest. They are removed only when asked.
+    const std::vector<std::string> later = checkpoints_after(ckpt_root, read_meta(resume_dir).step);
+    if (!later.empty()) {
+      std::string names;
+      for (const std::string& p : later) names += (names.empty() ? "" : ", ") + fs::path(p).filename().string();
+      if (!o.overwrite)
+        throw std::runtime_error("'" + ckpt_root + "' holds checkpoints after the one resumed from (" + names +
+                                 "): pass --overwrite to delete them, or another --out");
+      if (world) world->barrier();  // every rank has looked before rank 0 deletes
+      if (lead)
+        for (const std::string& p : later) fs::remove_all(p);
+    }
+    trainer.resume(resume_dir);
+  }
   if (lead) fs::create_directories(o.out);
 
   const ModelConfig& m = o.train.model;

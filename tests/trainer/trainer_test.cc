@@ -460,6 +460,28 @@ TEST_F(Cli, RankKilledWhileWritingACheckpointLeavesNoTornOne) {
   EXPECT_FALSE(fs::exists(dir_ / "cut/checkpoints/step-00000008.tmp"));
 }
 
+TEST_F(Cli, ResumingFromAnOlderCheckpointNeverLosesTheNewOnesItWrites) {
+  Result first = trainer(0, "run", "--steps 6 --ckpt-every 2 --keep 3");
+  ASSERT_EQ(first.code, 0) << first.out;
+  // Resuming from step 2 into the folder that holds steps 4 and 6 of the first run: refused, nothing changed.
+  const std::string older = (dir_ / "run/checkpoints/step-00000002").string();
+  Result refused = trainer(0, "run", "--steps 6 --ckpt-every 3 --resume-from " + older);
+  EXPECT_EQ(refused.code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("checkpoints after the one resumed from (step-00000004, step-00000006)"),
+            std::string::npos)
+      << refused.out;
+  EXPECT_TRUE(fs::exists(dir_ / "run/checkpoints/step-00000006/meta.txt"));
+  // With --overwrite the later ones go, and the checkpoints this run reports are the ones kept and resumed.
+  Result again = trainer(0, "run", "--steps 6 --ckpt-every 3 --keep 3 --overwrite --resume-from " + older);
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_TRUE(fs::exists(dir_ / "run/checkpoints/step-00000003/meta.txt")) << again.out;
+  EXPECT_TRUE(fs::exists(dir_ / "run/checkpoints/step-00000006/meta.txt")) << again.out;
+  EXPECT_FALSE(fs::exists(dir_ / "run/checkpoints/step-00000004")) << again.out;
+  Result resumed = trainer(0, "run", "--steps 8 --ckpt-every 3 --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("step-00000006"), std::string::npos) << resumed.out;
+}
+
 TEST_F(Cli, OneProcessRunTrainsAndPrintsEverything) {
   Result r = trainer(0, "run", "--steps 6 --ckpt-every 3 --eval-every 3");
   ASSERT_EQ(r.code, 0) << r.out;
