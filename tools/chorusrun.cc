@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -293,6 +294,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   std::vector<Rank> ranks(n);
+  const pid_t launcher = getpid();
   for (int r = 0; r < n; ++r) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) {
@@ -306,6 +308,10 @@ int main(int argc, char** argv) {
     }
     if (pid == 0) {
       setpgid(0, 0);  // its own group, so stopping a rank stops what it started too
+      // A launcher killed outright (SIGKILL: nothing of it runs) takes its ranks with it, instead of leaving them
+      // running unwatched. Checked after the request, in case it died before.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(127);
       dup2(fds[1], STDOUT_FILENO);
       dup2(fds[1], STDERR_FILENO);
       setenv("CHORUS_RANK", std::to_string(r).c_str(), 1);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <regex>
 #include <string>
 #include <vector>
@@ -138,6 +139,51 @@ TEST(Launcher, ChorusrunPrefixesLinesAndFailsWhenARankFails) {
   EXPECT_NE(r.out.find("[0] hello 0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[2] hello 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rank 1 exited with code 7"), std::string::npos) << r.out;
+}
+
+// The pids of `pid`'s children (Linux: /proc/PID/task/PID/children).
+std::vector<pid_t> children_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  std::vector<pid_t> out;
+  for (pid_t c; in >> c;) out.push_back(c);
+  return out;
+}
+
+// Whether `pid` is still running (a zombie waiting for init to reap it is not).
+bool running(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+TEST(Launcher, RanksDieWithAKilledLauncher) {
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    execl(CHORUSRUN, CHORUSRUN, "-n", "2", "sleep", "600", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 500 && ranks.size() < 2; ++i) {
+    ranks = children_of(launcher);
+    if (ranks.size() < 2) usleep(10000);
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  // Nothing of the launcher runs after SIGKILL: only the ranks' parent-death signal can stop them.
+  ASSERT_EQ(kill(launcher, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  for (pid_t r : ranks) {
+    bool gone = false;
+    for (int i = 0; i < 500 && !gone; ++i) {
+      gone = !running(r);
+      if (!gone) usleep(10000);
+    }
+    EXPECT_TRUE(gone) << "rank process " << r << " still runs after its launcher was killed";
+    if (!gone) kill(r, SIGKILL);
+  }
 }
 
 }  // namespace
