@@ -82,8 +82,9 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
   if (nch < 1 || nch > 32) bad_arg(cat("CHORUS_NCHANNELS=", nch, " must be between 1 and 32"));
   nchannels_ = static_cast<int>(nch);
   timeout_ms_ = param_int(Param::TimeoutMs);
-  yield_us_ = static_cast<int>(param_int(Param::YieldUs));
-  if (yield_us_ < 0 || yield_us_ > 10000000) bad_arg(cat("CHORUS_YIELD_US=", yield_us_, " must be between 0 and 1e7"));
+  const int64_t yield = param_int(Param::YieldUs);
+  if (yield < 0 || yield > 10000000) bad_arg(cat("CHORUS_YIELD_US=", yield, " must be between 0 and 1e7"));
+  yield_us_ = static_cast<int>(yield);
   if (timeout_ms_ <= 0) bad_arg(cat("CHORUS_TIMEOUT_MS=", timeout_ms_, " must be positive"));
   algo::AlgoOverrides overrides = algo::parse_algo_overrides(param_str(Param::Algo));
   // From the secret alone: every rank has the same secret, while the root address each rank resolved itself may

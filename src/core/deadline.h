@@ -9,7 +9,12 @@ namespace chorus {
 class Deadline {
  public:
   using Clock = std::chrono::steady_clock;
-  static Deadline after_ms(int64_t ms) { return Deadline(Clock::now() + std::chrono::milliseconds(ms)); }
+  static constexpr int64_t kNeverMs = int64_t{1} << 40;
+  // `ms` from now; beyond 2^40 ms (about 35 years) it is never, so that no setting can overflow the clock.
+  static Deadline after_ms(int64_t ms) {
+    if (ms >= kNeverMs) return never();
+    return Deadline(Clock::now() + std::chrono::milliseconds(ms));
+  }
   static Deadline never() { return Deadline(Clock::time_point::max()); }
   bool passed() const { return Clock::now() >= t_; }
   // Milliseconds left, clamped to [0, INT32_MAX] (for poll()).

@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -18,6 +19,7 @@
 
 #include "core/communicator.h"
 #include "core/config.h"
+#include "core/deadline.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -114,7 +116,7 @@ std::vector<Entry> arrive(Call& c, int phase, int rank, const Entry& e, int64_t 
   }
   const auto done = [&] { return c.count[phase] == n || !c.failed.empty(); };
   if (timeout_ms > 0) {
-    if (!c.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), done)) {
+    if (!c.cv.wait_for(lock, std::chrono::milliseconds(std::min(timeout_ms, Deadline::kNeverMs)), done)) {
       std::string missing;
       for (int r = 0; r < n; ++r)
         if (!c.arrived[phase][r]) missing += cat(missing.empty() ? "" : ", ", r);

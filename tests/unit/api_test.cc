@@ -250,6 +250,27 @@ TEST(BadInput, OverlapThatIsNotTheInPlaceForm) {
       chorusInvalidArgument, "in-place form");
 }
 
+TEST(BadInput, TimeoutsBeyondTheClockAreNeverAndYieldOutOfRangeIsRefused) {
+  {
+    // About 317 years: a wait without end, not an overflow that ends every wait at once.
+    ScopedEnv timeout("CHORUS_TIMEOUT_MS", "10000000000000");
+    World w(2);
+    w.run([&](int r, chorusComm_t c) {
+      float x = 1.0f + r;
+      ASSERT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess)
+          << chorusGetLastError(c);
+      EXPECT_EQ(x, 3.0f);
+    });
+  }
+  ScopedEnv yield("CHORUS_YIELD_US", "4294967296");  // 2^32: not truncated to 0
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c = nullptr;
+  EXPECT_EQ(chorusCommInitRank(&c, 1, id, 0), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("CHORUS_YIELD_US=4294967296"), std::string::npos)
+      << chorusGetLastError(nullptr);
+}
+
 TEST(BadInput, NullCommunicator) {
   float v = 0;
   EXPECT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, nullptr, nullptr), chorusInvalidArgument);
