@@ -165,6 +165,15 @@ class RootBootstrap final : public Bootstrap {
     return take(MsgType::P2p, peer, tag, deadline, cat("a bootstrap message from rank ", peer, " (tag ", tag, ")"));
   }
 
+  std::vector<std::pair<int, Blob>> peek(uint32_t tag) const override {
+    std::vector<std::pair<int, Blob>> out;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, queue] : mailbox_)
+      if (std::get<0>(key) == static_cast<uint32_t>(MsgType::P2p) && std::get<2>(key) == tag && !queue.empty())
+        out.emplace_back(std::get<1>(key), queue.front());
+    return out;
+  }
+
   void report_failure(const std::string& text_in) override {
     std::string text = text_in.substr(0, kMaxTextPayload);
     try {

@@ -51,6 +51,9 @@ class Bootstrap {
   // Point to point, relayed by the root. Messages from one peer with one tag arrive in order.
   virtual void send(int peer, uint32_t tag, const Blob& data) = 0;
   virtual Blob recv(int peer, uint32_t tag, Deadline deadline) = 0;
+  // The first message with `tag` queued from each peer that has one, as (peer, copy), without taking any: what
+  // peers have asked of this rank that it has not received yet. Never blocks.
+  virtual std::vector<std::pair<int, Blob>> peek(uint32_t tag) const = 0;
 
   // Control plane. report_failure tells the root, which tells every rank (including this one).
   virtual void report_failure(const std::string& text) = 0;

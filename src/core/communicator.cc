@@ -504,6 +504,28 @@ Transport& CommImpl::choose_transport(int peer) {
                   "' can reach rank ", peer, " (", why, ")"));
 }
 
+void CommImpl::check_peer_calls(const WireHeader& call) const {
+  auto mismatch = [&](int peer, const WireHeader& theirs) {
+    return Error(chorusRemoteError, Subsys::Runtime,
+                 cat("mismatched collective: this rank called ", describe_header(call), " but rank ", peer, " called ",
+                     describe_header(theirs)));
+  };
+  // Data that peers sent on connections made for earlier calls.
+  for (const auto& [pc, conn] : conns_) {
+    const MessageView m = conn->recv_peek();
+    if (m.header && m.header->comm_id == call.comm_id && m.header->seq == call.seq && !same_call(*m.header, call))
+      throw mismatch(pc.first, *m.header);
+  }
+  // Requests for connections this rank's program does not need.
+  for (const auto& [peer, msg] : bootstrap_->peek(kTagConnect)) {
+    if (msg.size() < sizeof(WireHeader)) continue;  // malformed: reported when it is received
+    WireHeader theirs;
+    std::memcpy(&theirs, msg.data(), sizeof(theirs));
+    if (theirs.comm_id == call.comm_id && theirs.seq == call.seq && !same_call(theirs, call))
+      throw mismatch(peer, theirs);
+  }
+}
+
 void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed, const WireHeader& call,
                                   Deadline deadline) {
   std::vector<std::pair<int, int>> missing;
@@ -540,13 +562,21 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
   for (size_t i = 0; i < missing.size(); ++i) {
     auto [peer, ch] = missing[i];
     Blob msg;
-    try {
-      msg = bootstrap_->recv(peer, kTagConnect, deadline);
-    } catch (const Error& e) {
-      if (e.code() != chorusTimeout) throw;
-      throw Error(chorusTimeout, Subsys::Transport,
-                  cat("timed out waiting for rank ", peer, " to connect (channel ", ch,
-                      "): it has not called this collective"));
+    // In slices, between which the requests of other peers are checked: a peer that called this collective with
+    // other arguments may never ask this rank for the connection waited for here.
+    for (bool got = false; !got;) {
+      try {
+        msg = bootstrap_->recv(peer, kTagConnect, Deadline::after_ms(std::min(100, deadline.remaining_ms())));
+        got = true;
+      } catch (const Error& e) {
+        if (e.code() != chorusTimeout) throw;
+        check_peer_calls(call);
+        if (deadline.passed())
+          throw Error(chorusTimeout, Subsys::Transport,
+                      cat("timed out waiting for rank ", peer, " to connect (channel ", ch,
+                          "): it has not called this collective, or called it with arguments that need no "
+                          "connection to this rank"));
+      }
     }
     if (msg.size() < sizeof(WireHeader) + 1)
       throw Error(chorusRemoteError, Subsys::Transport, cat("rank ", peer, " sent a malformed connection request"));
@@ -970,6 +1000,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     plan.header = hdr;
     plan.deadline = deadline;
     plan.check_abort = [this] { check_abort(); };
+    plan.check_peers = [this, &hdr] { check_peer_calls(hdr); };
     plan.rank = rank_;
     plan.spin_us = oversubscribed_ ? 0 : 20;
     plan.yield_us = oversubscribed_ ? yield_us_ : 0;

@@ -163,6 +163,11 @@ class CommImpl {
   void ensure_connections(const std::vector<std::pair<int, int>>& needed, const WireHeader& call, Deadline deadline);
   Transport& choose_transport(int peer);
   void check_abort() const;
+  // Throws chorusRemoteError naming the peer when a message of a peer waits here for this very call (same sequence
+  // number) with another fingerprint: data at the head of a connection, or a request for a connection. A peer
+  // running another program (another root, say) may need connections this rank's does not, or none it waits for,
+  // so the two would otherwise wait for each other until the deadline. Called while waiting.
+  void check_peer_calls(const WireHeader& call) const;
   void fail(const Error& e);
   void worker_loop();
 

@@ -182,7 +182,10 @@ class Run {
       if (p_.check_abort) p_.check_abort();
       if (p_.deadline.passed()) timeout();
     }
-    if ((idle & 63) == 0) check_foreign_messages();
+    if ((idle & 63) == 0) {
+      check_foreign_messages();
+      if (p_.check_peers) p_.check_peers();
+    }
     if (waited < std::chrono::microseconds(p_.spin_us + p_.yield_us) || blocked.conn == nullptr) {
       sched_yield();
       return;

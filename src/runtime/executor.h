@@ -89,6 +89,7 @@ struct ExecPlan {
   const std::vector<Connection*>* all_conns = nullptr;         // every connection used (pumped and flushed)
   Deadline deadline = Deadline::never();
   std::function<void()> check_abort;  // throws when the communicator failed or was aborted
+  std::function<void()> check_peers;  // while stalled: throws on a peer's request showing it called another call
   int rank = 0;                       // for error messages ("rank 2: AllReduce #5: ...")
   int spin_us = 20;                   // spin this long, then
   int yield_us = 0;                   // yield the core this long, then sleep on the stalled connection

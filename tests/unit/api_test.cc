@@ -473,6 +473,41 @@ TEST(Faults, DifferentRootsAreReportedNotHung) {
   }
 }
 
+// Broadcast and reduce on 3 to 8 ranks where one rank's root or count differs, so that its program needs other
+// connections than its peers' (found by a new-user trial: every rank waited for its deadline).
+TEST(Faults, ARankWithAnotherRootOrCountIsReportedNotHung) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "20000");
+  struct Case {
+    int n, odd;
+    bool reduce, other_count;
+  };
+  for (const Case k : {Case{3, 2, false, false}, Case{3, 2, true, false}, Case{3, 2, false, true},
+                       Case{6, 0, false, true}, Case{8, 0, false, true}}) {
+    World w(k.n);
+    w.run([&](int r, chorusComm_t c) {
+      std::vector<float> in(1000000, 1.0f), out(1000000);
+      // Warm: every rank's connections of a first, matching call exist, as in a running job.
+      ASSERT_EQ(chorusBroadcast(in.data(), out.data(), 12, chorusFloat32, 0, c, nullptr), chorusSuccess)
+          << chorusGetLastError(c);
+      const bool odd = r == k.odd;
+      const int root = odd && !k.other_count ? 1 : 0;
+      const size_t count = odd && k.other_count ? 10 : (k.other_count ? 1000000 : 12);
+      auto t0 = std::chrono::steady_clock::now();
+      chorusResult_t res = k.reduce
+                               ? chorusReduce(in.data(), out.data(), count, chorusFloat32, chorusSum, root, c, nullptr)
+                               : chorusBroadcast(in.data(), out.data(), count, chorusFloat32, root, c, nullptr);
+      // Every rank that waits for a peer reports the mismatch; a rank whose own part could end (a root whose sends
+      // fit in the queues, odd or not) returns, and its next call fails with the mismatch.
+      if (res == chorusSuccess) res = chorusBarrier(c, nullptr);
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string e = chorusGetLastError(c);
+      EXPECT_EQ(res, chorusRemoteError) << "n=" << k.n << " rank " << r << ": " << e;
+      EXPECT_NE(e.find("mismatched collective"), std::string::npos) << "n=" << k.n << " rank " << r << ": " << e;
+      EXPECT_LT(s, 10.0) << "n=" << k.n << " rank " << r;
+    });
+  }
+}
+
 TEST(PointToPoint, SizeMismatchIsAnError) {
   World w(2);  // its own world: the error breaks the communicators
   w.run([&](int r, chorusComm_t c) {
