@@ -342,9 +342,10 @@ CommImpl::Extents CommImpl::extents(const CollArgs& a) const {
       e.send = e.recv * n;
       break;
     case Coll::AllToAllv:
+      // Only entries that move bytes: a count-0 entry's displacement points nowhere the call touches.
       for (size_t i = 0; i < n; ++i) {
-        e.send = std::max(e.send, (a.sdispls[i] + a.sendcounts[i]) * esz);
-        e.recv = std::max(e.recv, (a.rdispls[i] + a.recvcounts[i]) * esz);
+        if (a.sendcounts[i] > 0) e.send = std::max(e.send, (a.sdispls[i] + a.sendcounts[i]) * esz);
+        if (a.recvcounts[i] > 0) e.recv = std::max(e.recv, (a.rdispls[i] + a.recvcounts[i]) * esz);
       }
       break;
     default: break;

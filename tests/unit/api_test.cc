@@ -539,6 +539,24 @@ TEST(PointToPoint, ASendMeetingACollectiveIsReportedAsPointToPoint) {
   });
 }
 
+TEST(Collectives, AllToAllvIgnoresTheDisplacementsOfEmptyEntries) {
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t c) {
+    // One buffer: the send part at [0, 1), the receive part at [2, 4). The empty entry's displacement (500) points
+    // past the receive part; it moves nothing, so the buffers do not overlap.
+    std::vector<float> buf(1024, -1.0f);
+    buf[0] = 10.0f + r;
+    size_t scounts[2] = {1, 0}, sdispls[2] = {0, 500};
+    size_t rcounts[2] = {r == 0 ? 1u : 0u, r == 0 ? 1u : 0u}, rdispls[2] = {0, 1};
+    ASSERT_EQ(
+        chorusAllToAllv(buf.data(), scounts, sdispls, buf.data() + 2, rcounts, rdispls, chorusFloat32, c, nullptr),
+        chorusSuccess)
+        << chorusGetLastError(c);
+    EXPECT_EQ(buf[2], r == 0 ? 10.0f : -1.0f);
+    EXPECT_EQ(buf[3], r == 0 ? 11.0f : -1.0f);
+  });
+}
+
 TEST(Collectives, BarrierWaitsForEveryRank) {
   World& w = World::get(4);
   std::atomic<int> arrived{0};
