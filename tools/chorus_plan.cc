@@ -170,12 +170,14 @@ int main(int argc, char** argv) {
     } else if (flag == "--algo") {
       algo = value;
     } else if (flag == "--nchannels") {
-      nchannels = parse_int_flag(f, value, 1, 64);
+      nchannels = parse_int_flag(f, value, 1, 32);  // as CHORUS_NCHANNELS
     } else if (flag == "--slice-bytes") {
       slice_bytes = static_cast<int64_t>(parse_size_flag(f, value));
       if (slice_bytes < 64) usage_error("--slice-bytes must be at least 64 (as CHORUS_SLICE_BYTES)");
     } else if (flag == "--fifo-depth") {
-      fifo_depth = parse_int_flag(f, value, 1, 1 << 16);
+      fifo_depth = parse_int_flag(f, value, 2, 64);
+      if ((fifo_depth & (fifo_depth - 1)) != 0)
+        usage_error(cat("--fifo-depth ", fifo_depth, " must be a power of two (as CHORUS_FIFO_DEPTH)"));
     } else if (flag == "--root") {
       root = parse_int_flag(f, value, 0, 1 << 20);
     }
