@@ -94,7 +94,7 @@ void check_chorus(chorusResult_t result, const char* call, chorusComm_t comm, in
   std::string text = "rank " + std::to_string(rank) + ": " + call + " failed: " + chorusGetErrorString(result);
   const char* detail = chorusGetLastError(comm);
   if (detail != nullptr && *detail != '\0') text += std::string(" (") + detail + ")";
-  throw PerfError(text);
+  throw PerfError(text, result == chorusInvalidArgument || result == chorusNotSupported);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -863,7 +863,7 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
   Backend& b = s.b;
   const Options& o = s.opts;
   if (o.compression != 0) {
-    if (a.dtype != chorusFloat32) throw PerfError("-Z/--compression needs -d float");
+    if (a.dtype != chorusFloat32) throw PerfError("-Z/--compression needs -d float", true);
     float* in = static_cast<float*>(const_cast<void*>(a.send));
     for (size_t i = 0; i < l.send_count; ++i) in[i] = normal_value(a.rank, i);
   } else {
@@ -1045,7 +1045,7 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
     std::fflush(stderr);
     b.abort();
     if (leader && !opts.json_path.empty()) write_json(opts.json_path, rows, coll, n);
-    return kExitFailed;
+    return e.usage ? kExitUsage : kExitFailed;
   }
 
   int rc = kExitOk;
@@ -1200,7 +1200,7 @@ int perf_main(int argc, char** argv, const Collective& coll) {
       return run_sweep(opts, tool, coll, backend);
     } catch (const PerfError& e) {
       std::fprintf(stderr, "%s: %s\n", name.c_str(), e.what());
-      return kExitFailed;
+      return e.usage ? kExitUsage : kExitFailed;
     }
   }
 
@@ -1228,6 +1228,7 @@ int perf_main(int argc, char** argv, const Collective& coll) {
         rcs[static_cast<size_t>(t)] = run_sweep(opts, tool, coll, backend);
       } catch (const PerfError& e) {
         std::fprintf(stderr, "%s: %s\n", name.c_str(), e.what());
+        rcs[static_cast<size_t>(t)] = e.usage ? kExitUsage : kExitFailed;
       }
     });
   }

@@ -111,10 +111,13 @@ struct OpArgs {
   const chorusCollOptions_t* options = nullptr;  // per-call options (the -A algorithm)
 };
 
-// A failed call: the message names the rank, the call and the library's error text.
+// A failed call: the message names the rank, the call and the library's error text. `usage`: the library refused
+// the arguments the flags made (chorusInvalidArgument, chorusNotSupported: an algorithm or codec that does not apply
+// to the collective or dtype), so the tool exits kExitUsage as for a bad flag.
 class PerfError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit PerfError(const std::string& what, bool usage = false) : std::runtime_error(what), usage(usage) {}
+  bool usage;
 };
 
 // Throws PerfError for anything but chorusSuccess, with chorusGetLastError(comm).

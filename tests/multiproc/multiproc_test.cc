@@ -186,4 +186,21 @@ TEST(Launcher, RanksDieWithAKilledLauncher) {
   }
 }
 
+#ifdef ALL_REDUCE_PERF
+// nccl-tests' convention: 0 when every result is right, 1 for a wrong result or a failed call, 2 for arguments the
+// tool cannot run, also those that only the library can refuse (an algorithm or codec that does not apply).
+TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
+  const std::string tool = std::string(ALL_REDUCE_PERF) + " -t 2 -b 8 -e 64 -n 2 -w 1";
+  Result ok = run(tool);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  Result algo = run(tool + " -A bruck");
+  EXPECT_EQ(algo.code, 2) << algo.out;
+  Result codec = run(tool + " -Z int8 -d half");
+  EXPECT_EQ(codec.code, 2) << codec.out;
+  EXPECT_NE(codec.out.find("-Z/--compression needs -d float"), std::string::npos) << codec.out;
+  Result flag = run(tool + " -Q");
+  EXPECT_EQ(flag.code, 2) << flag.out;
+}
+#endif
+
 }  // namespace
