@@ -123,7 +123,7 @@ class RootBootstrap final : public Bootstrap {
     if (before == State::Running) {
       try {
         std::lock_guard<std::mutex> lock(send_mu_);
-        write_frame(sock_, MsgType::Bye, rank_, -1, 0, nullptr, 0, Deadline::after_ms(kByeSendMs));
+        write_frame(sock_, MsgType::Bye, rank_, -1, 0, note_.data(), note_.size(), Deadline::after_ms(kByeSendMs));
       } catch (const Error& e) {
         CHORUS_INFO(Bootstrap, "rank %d: could not say goodbye to the bootstrap root: %s", rank_, e.what());
       }
@@ -163,6 +163,11 @@ class RootBootstrap final : public Bootstrap {
   Blob recv(int peer, uint32_t tag, Deadline deadline) override {
     check_peer(peer);
     return take(MsgType::P2p, peer, tag, deadline, cat("a bootstrap message from rank ", peer, " (tag ", tag, ")"));
+  }
+
+  void leave_note(uint64_t progress) override {
+    note_.resize(sizeof(progress));
+    std::memcpy(note_.data(), &progress, sizeof(progress));
   }
 
   std::vector<std::pair<int, Blob>> peek(uint32_t tag) const override {
@@ -344,6 +349,7 @@ class RootBootstrap final : public Bootstrap {
   std::condition_variable cv_;
   // Guarded by mu_:
   std::map<Key, std::deque<Blob>> mailbox_;
+  Blob note_;  // sent with the goodbye (leave_note)
   PeerFailure failure_;
   State state_ = State::Running;
   bool service_done_ = false;

@@ -51,6 +51,14 @@ class Bootstrap {
   // Point to point, relayed by the root. Messages from one peer with one tag arrive in order.
   virtual void send(int peer, uint32_t tag, const Blob& data) = 0;
   virtual Blob recv(int peer, uint32_t tag, Deadline deadline) = 0;
+  // Tag of the note a rank leaves with its goodbye (leave_note), delivered as a point-to-point message from the
+  // leaving rank (8 bytes: its progress, host order). Not for other uses.
+  static constexpr uint32_t kTagLeft = 0xFFFFFFFFu;
+  // Sent with this rank's goodbye when it is destroyed (not after an abort): how far it went (the communicator: its
+  // call count), for peers that may wait for it. The root delivers a note to every rank still connected when it is
+  // lower than every note it delivered before, so the normal end of a job (equal notes) costs one delivery per rank
+  // and a rank that left early is known to all. Call before destruction.
+  virtual void leave_note(uint64_t progress) = 0;
   // The first message with `tag` queued from each peer that has one, as (peer, copy), without taking any: what
   // peers have asked of this rank that it has not received yet. Never blocks.
   virtual std::vector<std::pair<int, Blob>> peek(uint32_t tag) const = 0;

@@ -407,8 +407,8 @@ class RootService {
       case MsgType::Allgather:
       case MsgType::P2p: limit = kMaxRankPayload; break;
       case MsgType::Error: limit = kMaxTextPayload; break;
+      case MsgType::Bye: limit = 8; break;  // the leaving rank's note
       case MsgType::Barrier:
-      case MsgType::Bye:
       case MsgType::StatusQuery: limit = 0; break;
       default: return cat("unknown frame type ", h.type);
     }
@@ -437,6 +437,19 @@ class RootService {
       case MsgType::Bye:
         CHORUS_INFO(Bootstrap, "root %s: rank %d (%s) said goodbye", addr_.c_str(), c.rank, c.peer.c_str());
         c.said_bye = true;
+        // Its note (Bootstrap::leave_note) goes to every rank still here when it is lower than any before: one that
+        // waits for the rank learns at once that it will not come.
+        if (payload.size() == sizeof(uint64_t) && phase_ == Phase::Complete) {
+          uint64_t progress = 0;
+          std::memcpy(&progress, payload.data(), sizeof(progress));
+          if (progress < lowest_note_) {
+            lowest_note_ = progress;
+            for (int r = 0; r < nranks_; ++r)
+              if (r != c.rank && by_rank_[r] != nullptr)
+                enqueue(*by_rank_[r],
+                        make_buffer(MsgType::Deliver, c.rank, r, Bootstrap::kTagLeft, payload.data(), payload.size()));
+          }
+        }
         close_conn(c);
         return;
       case MsgType::StatusQuery: {
@@ -706,8 +719,9 @@ class RootService {
 
   bool busy_ = false;
   int njoined_ = 0;
-  std::vector<bool> joined_;    // ever joined
-  std::vector<Conn*> by_rank_;  // live connection of each joined rank
+  std::vector<bool> joined_;           // ever joined
+  std::vector<Conn*> by_rank_;         // live connection of each joined rank
+  uint64_t lowest_note_ = UINT64_MAX;  // the lowest leave note delivered (Bootstrap::leave_note)
   std::vector<std::string> rank_peer_;
   std::vector<std::vector<uint8_t>> join_blobs_;
   std::string failure_text_;

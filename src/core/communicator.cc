@@ -179,6 +179,8 @@ CommImpl::~CommImpl() {
     q_cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
+  // Peers still in (or yet to make) a later collective learn from this note that this rank will not come.
+  if (bootstrap_ != nullptr && !aborted_.load()) bootstrap_->leave_note(seq_);
 }
 
 CommImpl::Guard::Guard(CommImpl& c) : c_(c) {
@@ -517,6 +519,17 @@ void CommImpl::check_peer_calls(const WireHeader& call) const {
     if (m.header && m.header->comm_id == call.comm_id && m.header->seq == call.seq && !same_call(*m.header, call))
       throw mismatch(pc.first, *m.header);
   }
+  // A peer that destroyed its communicator before this collective (point-to-point calls need not involve it).
+  if ((call.seq >> 63) == 0)
+    for (const auto& [peer, note] : bootstrap_->peek(Bootstrap::kTagLeft)) {
+      uint64_t last = 0;
+      if (note.size() != sizeof(last)) continue;
+      std::memcpy(&last, note.data(), sizeof(last));
+      if (last < call.seq)
+        throw Error(chorusRemoteError, Subsys::Runtime,
+                    cat("rank ", peer, " destroyed its communicator after its collective #", last,
+                        ", so it takes no part in ", describe_header(call)));
+    }
   // Requests for connections this rank's program does not need.
   for (const auto& [peer, msg] : bootstrap_->peek(kTagConnect)) {
     if (msg.size() < sizeof(WireHeader)) continue;  // malformed: reported when it is received

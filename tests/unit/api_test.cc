@@ -636,6 +636,39 @@ TEST(Faults, AMissingRankBecomesATimeoutNamingIt) {
   });
 }
 
+TEST(Faults, APeerThatDestroyedItsCommunicatorIsNamedNotWaitedFor) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "30000");
+  const int n = 4;
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(n);
+  std::vector<double> seconds(n, 0);
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      chorusComm_t c = nullptr;
+      ASSERT_EQ(chorusCommInitRank(&c, n, id, r), chorusSuccess);
+      float x = 1.0f;
+      ASSERT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+      if (r == 3) {  // leaves after its first collective, while the others go on to a second
+        ASSERT_EQ(chorusCommDestroy(c), chorusSuccess);
+        return;
+      }
+      std::vector<float> v(100000, 1.0f);
+      const auto t0 = std::chrono::steady_clock::now();
+      EXPECT_EQ(chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr), chorusRemoteError);
+      seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      errors[r] = chorusGetLastError(c);
+      chorusCommDestroy(c);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errors[r].find("rank 3 destroyed its communicator after its collective #1"), std::string::npos)
+        << "rank " << r << ": " << errors[r];
+    EXPECT_LT(seconds[r], 10.0) << "rank " << r;
+  }
+}
+
 TEST(Faults, AbortIsLocalBoundedAndNamedByThePeers) {
   World w(2);
   w.run([&](int r, chorusComm_t c) {
