@@ -184,7 +184,12 @@ class Run {
     }
     if ((idle & 63) == 0) {
       check_foreign_messages();
-      if (p_.check_peers) p_.check_peers();
+      // Every connection of the communicator and the bootstrap's queue: at most every 10 ms.
+      const auto now = std::chrono::steady_clock::now();
+      if (p_.check_peers && now - last_peer_check_ >= std::chrono::milliseconds(10)) {
+        last_peer_check_ = now;
+        p_.check_peers();
+      }
     }
     if (waited < std::chrono::microseconds(p_.spin_us + p_.yield_us) || blocked.conn == nullptr) {
       sched_yield();
@@ -508,7 +513,8 @@ class Run {
   const std::byte* cache_ptr_ = nullptr;
   size_t cache_n_ = 0;
   std::vector<LaneState> lanes_;
-  Blocked blocked_;          // what the last step that could not run waits for
+  Blocked blocked_;                                          // what the last step that could not run waits for
+  std::chrono::steady_clock::time_point last_peer_check_{};  // when check_peers last ran
   std::vector<pollfd> fds_;  // every socket of the call (a tree over tcp has many), reused between sleeps
 };
 

@@ -669,6 +669,35 @@ TEST(Faults, APeerThatDestroyedItsCommunicatorIsNamedNotWaitedFor) {
   }
 }
 
+TEST(Faults, PeersThatFinishedAndLeftDoNotFailTheOthers) {
+  // Over tcp, whose connections to a peer that destroyed its communicator report the close when read: ranks 2 and 3
+  // leave after an all-to-all (which connected every pair) while rank 0 waits, stalled, for rank 1.
+  ScopedEnv transports("CHORUS_TRANSPORTS", "tcp");
+  const int n = 4;
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      chorusComm_t c = nullptr;
+      ASSERT_EQ(chorusCommInitRank(&c, n, id, r), chorusSuccess);
+      std::vector<float> in(n, static_cast<float>(r)), out(n);
+      ASSERT_EQ(chorusAllToAll(in.data(), out.data(), 1, chorusFloat32, c, nullptr), chorusSuccess)
+          << chorusGetLastError(c);
+      if (r == 0) {
+        float x = 0;
+        EXPECT_EQ(chorusRecv(&x, 1, chorusFloat32, 1, c, nullptr), chorusSuccess) << chorusGetLastError(c);
+        EXPECT_EQ(x, 42.0f);
+      } else if (r == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // ranks 2 and 3 are gone by now
+        float x = 42.0f;
+        EXPECT_EQ(chorusSend(&x, 1, chorusFloat32, 0, c, nullptr), chorusSuccess) << chorusGetLastError(c);
+      }
+      EXPECT_EQ(chorusCommDestroy(c), chorusSuccess);
+    });
+  for (auto& t : threads) t.join();
+}
+
 TEST(Faults, AbortIsLocalBoundedAndNamedByThePeers) {
   World w(2);
   w.run([&](int r, chorusComm_t c) {
