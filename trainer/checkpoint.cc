@@ -200,11 +200,17 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
       fs::rename(tmp, final_dir);
       fsync_path(root);
       fs::remove_all(old);
-      // Keep the newest `keep`; drop leftovers of killed attempts.
+      // Leftovers first: temporary directories of killed attempts, and .old copies whose checkpoint is there (else
+      // pruning that checkpoint below would bring its stale copy back).
+      std::vector<fs::path> leftovers;
+      for (const auto& e : fs::directory_iterator(root))
+        if (e.path().extension() == ".tmp" ||
+            (e.path().extension() == ".old" && fs::exists(e.path().parent_path() / e.path().stem())))
+          leftovers.push_back(e.path());
+      for (const fs::path& p : leftovers) fs::remove_all(p);
+      // Keep the newest `keep`.
       std::vector<fs::path> all = complete_checkpoints(root);
       for (size_t i = 0; i + std::max(keep, 1) < all.size(); ++i) fs::remove_all(all[i]);
-      for (const auto& e : fs::directory_iterator(root))
-        if (e.path().extension() == ".tmp") fs::remove_all(e.path());
     });
   agree("publish the checkpoint");
   return final_dir;

@@ -388,19 +388,22 @@ int run(const Options& o) {
   if (!resume_dir.empty()) {
     // Checkpoints after the one resumed from, in the folder this run writes to, belong to the run it leaves: this
     // run's checkpoints would interleave with them, the newest kept would be theirs, and --resume would take the
-    // stale newest. They are removed only when asked.
+    // stale newest. They are removed only when asked, and only once the resumed checkpoint has loaded.
     const std::vector<std::string> later = checkpoints_after(ckpt_root, read_meta(resume_dir).step);
-    if (!later.empty()) {
-      std::string names;
-      for (const std::string& p : later) names += (names.empty() ? "" : ", ") + fs::path(p).filename().string();
-      if (!o.overwrite)
-        throw std::runtime_error("'" + ckpt_root + "' holds checkpoints after the one resumed from (" + names +
-                                 "): pass --overwrite to delete them, or another --out");
-      if (world) world->barrier();  // every rank has looked before rank 0 deletes
-      if (lead)
-        for (const std::string& p : later) fs::remove_all(p);
-    }
+    std::string names;
+    for (const std::string& p : later) names += (names.empty() ? "" : ", ") + fs::path(p).filename().string();
+    if (!later.empty() && !o.overwrite)
+      throw std::runtime_error("'" + ckpt_root + "' holds checkpoints after the one resumed from (" + names +
+                               "): pass --overwrite to delete them, or another --out");
     trainer.resume(resume_dir);
+    if (!later.empty()) {
+      if (world) world->barrier();  // every rank has loaded and looked before rank 0 deletes
+      if (lead)
+        for (const std::string& p : later) {
+          fs::remove_all(p);
+          fs::remove_all(p + ".old");  // a copy a kill left beside it, which would stand in for it
+        }
+    }
   }
   if (lead) fs::create_directories(o.out);
 

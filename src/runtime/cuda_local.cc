@@ -200,7 +200,8 @@ struct Events {
           cudaEventDestroy(p->second);
           p = tails.erase(p);
         } else {
-          if (q == cudaErrorNotReady) cudaGetLastError();  // not an error: leave none for a later launch check
+          // Not ready (or not answerable now): kept, and the answer is not left for a later launch check to see.
+          cudaGetLastError();
           ++p;
         }
       }

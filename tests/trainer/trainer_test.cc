@@ -471,6 +471,10 @@ TEST_F(Cli, ResumingFromAnOlderCheckpointNeverLosesTheNewOnesItWrites) {
             std::string::npos)
       << refused.out;
   EXPECT_TRUE(fs::exists(dir_ / "run/checkpoints/step-00000006/meta.txt"));
+  // A resume that cannot load (another model) deletes nothing, --overwrite or not.
+  Result wrong = trainer(0, "run", "--steps 6 --d-ff 96 --overwrite --resume-from " + older);
+  EXPECT_EQ(wrong.code, 1) << wrong.out;
+  EXPECT_TRUE(fs::exists(dir_ / "run/checkpoints/step-00000006/meta.txt"));
   // With --overwrite the later ones go, and the checkpoints this run reports are the ones kept and resumed.
   Result again = trainer(0, "run", "--steps 6 --ckpt-every 3 --keep 3 --overwrite --resume-from " + older);
   ASSERT_EQ(again.code, 0) << again.out;
