@@ -165,6 +165,11 @@ class RootBootstrap final : public Bootstrap {
     return take(MsgType::P2p, peer, tag, deadline, cat("a bootstrap message from rank ", peer, " (tag ", tag, ")"));
   }
 
+  void set_status(std::function<Blob()> status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = std::move(status);
+  }
+
   void leave_note(uint64_t progress) override {
     note_.resize(sizeof(progress));
     std::memcpy(note_.data(), &progress, sizeof(progress));
@@ -314,7 +319,13 @@ class RootBootstrap final : public Bootstrap {
       const FrameHeader& h = f.header;
       std::optional<Key> key;
       switch (static_cast<MsgType>(h.type)) {
-        case MsgType::Deliver: key = Key{static_cast<uint32_t>(MsgType::P2p), h.from, h.tag}; break;
+        case MsgType::Deliver:
+          if (h.tag == kTagStatus) {
+            answer_status(h.from);
+            continue;
+          }
+          key = Key{static_cast<uint32_t>(MsgType::P2p), h.from, h.tag};
+          break;
         case MsgType::AllgatherResult: key = Key{static_cast<uint32_t>(MsgType::Allgather), -1, h.tag}; break;
         case MsgType::BarrierResult: key = Key{static_cast<uint32_t>(MsgType::Barrier), -1, h.tag}; break;
         case MsgType::Failure: {
@@ -337,6 +348,21 @@ class RootBootstrap final : public Bootstrap {
     }
   }
 
+  // From the service thread: a peer asked how far this rank is (kTagStatus).
+  void answer_status(int peer) {
+    std::function<Blob()> status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status = status_;
+    }
+    const Blob answer = status ? status() : Blob{};
+    try {
+      send_frame(MsgType::P2p, peer, kTagStatusReply, answer.data(), answer.size(), "a status answer");
+    } catch (const Error& e) {
+      CHORUS_INFO(Bootstrap, "rank %d: could not answer rank %d's status question: %s", rank_, peer, e.what());
+    }
+  }
+
   Socket sock_;
   const std::string root_text_;
   const int rank_;
@@ -349,7 +375,8 @@ class RootBootstrap final : public Bootstrap {
   std::condition_variable cv_;
   // Guarded by mu_:
   std::map<Key, std::deque<Blob>> mailbox_;
-  Blob note_;  // sent with the goodbye (leave_note)
+  Blob note_;                     // sent with the goodbye (leave_note)
+  std::function<Blob()> status_;  // the answer to kTagStatus (set_status), under mu_
   PeerFailure failure_;
   State state_ = State::Running;
   bool service_done_ = false;

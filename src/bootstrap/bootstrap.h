@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,13 @@ class Bootstrap {
   // lower than every note it delivered before, so the normal end of a job (equal notes) costs one delivery per rank
   // and a rank that left early is known to all. Call before destruction.
   virtual void leave_note(uint64_t progress) = 0;
+  // A peer's question of how far this rank is, answered by this rank's service thread with what set_status gives
+  // (so a rank whose application thread is busy elsewhere, or idle, still answers), as a message with
+  // kTagStatusReply. A rank that timed out asks every peer, to say which did not call the collective.
+  static constexpr uint32_t kTagStatus = 0xFFFFFFFEu;
+  static constexpr uint32_t kTagStatusReply = 0xFFFFFFFDu;
+  // The answer to kTagStatus questions; called from the service thread, so it must not block. Thread-safe.
+  virtual void set_status(std::function<Blob()> status) = 0;
   // The first message with `tag` queued from each peer that has one, as (peer, copy), without taking any: what
   // peers have asked of this rank that it has not received yet. Never blocks.
   virtual std::vector<std::pair<int, Blob>> peek(uint32_t tag) const = 0;

@@ -110,6 +110,13 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
           " CHORUS_TOPO_FILE=", param_str(Param::TopoFile), " CHORUS_TUNE_FILE=", param_str(Param::TuneFile));
 
   bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_));
+  bootstrap_->set_status([this] {
+    Blob b(sizeof(uint64_t) + 1);
+    const uint64_t started = started_.load(std::memory_order_relaxed);
+    std::memcpy(b.data(), &started, sizeof(started));
+    b[sizeof(started)] = std::byte{in_call_.load(std::memory_order_relaxed) ? uint8_t{1} : uint8_t{0}};
+    return b;
+  });
   for (const Blob& b : bootstrap_->peer_info()) peers_.push_back(PeerInfo::deserialize(b));
   // Settings that choose programs, slot sizes or transports must agree, or ranks would run different programs.
   for (const PeerInfo& p : peers_)
@@ -173,6 +180,7 @@ topo::Topology CommImpl::make_topology() const {
 }
 
 CommImpl::~CommImpl() {
+  if (bootstrap_ != nullptr) bootstrap_->set_status(nullptr);  // its service thread must not read a dying object
   {
     std::unique_lock<std::mutex> lock(q_mu_);
     stop_ = true;
@@ -639,6 +647,11 @@ void CommImpl::run(const CollArgs& a) {
   WireHeader hdr;
   hdr.comm_id = comm_id_;
   hdr.coll = static_cast<uint8_t>(a.coll);
+  struct InCall {
+    std::atomic<bool>& flag;
+    explicit InCall(std::atomic<bool>& f) : flag(f) { flag.store(true, std::memory_order_relaxed); }
+    ~InCall() { flag.store(false, std::memory_order_relaxed); }
+  } in_call(in_call_);
   // Every failure of a call breaks the communicator and is told to every rank, whatever threw it.
   try {
     run_call(a, hdr);
@@ -649,6 +662,45 @@ void CommImpl::run(const CollArgs& a) {
   } catch (const std::exception& e) {
     fail_call(Error(chorusInternalError, Subsys::Core, cat("internal error: ", e.what())), hdr);
   }
+}
+
+std::string CommImpl::diagnose_timeout(const WireHeader& call) {
+  try {
+    for (int r = 0; r < nranks_; ++r)
+      if (r != rank_) bootstrap_->send(r, Bootstrap::kTagStatus, {});
+  } catch (const Error&) {
+    return "";
+  }
+  const Deadline answers = Deadline::after_ms(1000);
+  std::vector<std::string> absent, silent;
+  for (int r = 0; r < nranks_; ++r) {
+    if (r == rank_) continue;
+    Blob b;
+    try {
+      b = bootstrap_->recv(r, Bootstrap::kTagStatusReply, answers);
+    } catch (const Error& e) {
+      if (e.code() != chorusTimeout) return "";  // a failure elsewhere: it will be the error
+      silent.push_back(cat(r));
+      continue;
+    }
+    uint64_t started = 0;
+    if (b.size() != sizeof(started) + 1) continue;
+    std::memcpy(&started, b.data(), sizeof(started));
+    const bool busy = b[sizeof(started)] != std::byte{0};
+    if (started < call.seq)
+      absent.push_back(cat(r, " (its last was #", started, busy ? ", still running" : ", now idle", ")"));
+  }
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 8; ++i) s += cat(i ? ", " : "", v[i]);
+    return v.size() > 8 ? cat(s, " and ", v.size() - 8, " more") : s;
+  };
+  std::string out;
+  if (!absent.empty()) out += cat("; at the timeout, rank(s) ", list(absent), " had not called collective #", call.seq);
+  if (!silent.empty())
+    out += cat("; rank(s) ", list(silent), " did not answer a status question within 1 s (stopped, or hung)");
+  if (out.empty()) out = cat("; at the timeout, every rank had called collective #", call.seq);
+  return out;
 }
 
 void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
@@ -663,6 +715,9 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   // bootstrap is about to announce; wait briefly for it so the error names the root cause. Errors this rank found
   // itself (a mismatched header: Runtime) are the root cause already.
   const bool symptom = e.subsys() == Subsys::Transport || e.code() == chorusTimeout;
+  // A timeout of a collective names the peer waited for, which may itself be waiting: ask every rank how far it is.
+  if (!aborted_ && e.code() == chorusTimeout && (hdr.seq >> 63) == 0 && hdr.seq != 0 && !bootstrap_->failed())
+    text += diagnose_timeout(hdr);
   if (!aborted_ && symptom) {
     Deadline grace = Deadline::after_ms(std::min<int64_t>(1000, timeout_ms_));
     while (!bootstrap_->failed() && !grace.passed()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -905,6 +960,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     }
     prog = &shared_prog->ranks[rank_];
     hdr.seq = ++seq_;
+    started_.store(seq_, std::memory_order_relaxed);
     hdr.count = a.coll == Coll::AllToAllv ? 0 : a.count;
     hdr.dtype = static_cast<uint8_t>(a.dtype);
     hdr.op = static_cast<uint8_t>(is_reduction(a.coll) ? std::min<int>(a.op, chorusNumOps) : 0);

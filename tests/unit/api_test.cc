@@ -698,6 +698,38 @@ TEST(Faults, PeersThatFinishedAndLeftDoNotFailTheOthers) {
   for (auto& t : threads) t.join();
 }
 
+TEST(Faults, ATimeoutSaysWhichRankHadNotCalledTheCollective) {
+  // Rank 3 stays alive but stops calling collectives: the others time out waiting for their ring neighbours, and
+  // their errors say which rank had not called (found by a new-user trial: they named a healthy neighbour).
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "2000");
+  const int n = 4;
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(n);
+  std::atomic<int> done{0};
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      chorusComm_t c = nullptr;
+      ASSERT_EQ(chorusCommInitRank(&c, n, id, r), chorusSuccess);
+      float x = 1.0f;
+      ASSERT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+      if (r == 3) {
+        while (done.load() < n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      } else {
+        std::vector<float> v(100000, 1.0f);
+        EXPECT_NE(chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+        errors[r] = chorusGetLastError(c);
+        ++done;
+      }
+      chorusCommDestroy(c);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(errors[r].find("rank(s) 3 (its last was #1, now idle) had not called collective #2"), std::string::npos)
+        << "rank " << r << ": " << errors[r];
+}
+
 TEST(Faults, AbortIsLocalBoundedAndNamedByThePeers) {
   World w(2);
   w.run([&](int r, chorusComm_t c) {
