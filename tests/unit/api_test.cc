@@ -636,32 +636,40 @@ TEST(Faults, AMissingRankBecomesATimeoutNamingIt) {
   });
 }
 
-TEST(Faults, APeerThatDestroyedItsCommunicatorIsNamedNotWaitedFor) {
-  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "30000");
-  const int n = 4;
+// Runs body(rank, comm) on n threads, each with a communicator of its own (not a World's) that the body destroys:
+// for tests in which ranks leave or stop at different times.
+void with_own_communicators(int n, const std::function<void(int, chorusComm_t)>& body) {
   chorusUniqueId id;
   ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
   std::vector<std::thread> threads;
-  std::vector<std::string> errors(n);
-  std::vector<double> seconds(n, 0);
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       chorusComm_t c = nullptr;
       ASSERT_EQ(chorusCommInitRank(&c, n, id, r), chorusSuccess);
-      float x = 1.0f;
-      ASSERT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
-      if (r == 3) {  // leaves after its first collective, while the others go on to a second
-        ASSERT_EQ(chorusCommDestroy(c), chorusSuccess);
-        return;
-      }
-      std::vector<float> v(100000, 1.0f);
-      const auto t0 = std::chrono::steady_clock::now();
-      EXPECT_EQ(chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr), chorusRemoteError);
-      seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      errors[r] = chorusGetLastError(c);
-      chorusCommDestroy(c);
+      body(r, c);
     });
   for (auto& t : threads) t.join();
+}
+
+TEST(Faults, APeerThatDestroyedItsCommunicatorIsNamedNotWaitedFor) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "30000");
+  const int n = 4;
+  std::vector<std::string> errors(n);
+  std::vector<double> seconds(n, 0);
+  with_own_communicators(n, [&](int r, chorusComm_t c) {
+    float x = 1.0f;
+    ASSERT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+    if (r == 3) {  // leaves after its first collective, while the others go on to a second
+      ASSERT_EQ(chorusCommDestroy(c), chorusSuccess);
+      return;
+    }
+    std::vector<float> v(100000, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr), chorusRemoteError);
+    seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    errors[r] = chorusGetLastError(c);
+    chorusCommDestroy(c);
+  });
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(errors[r].find("rank 3 destroyed its communicator after its collective #1"), std::string::npos)
         << "rank " << r << ": " << errors[r];
@@ -674,28 +682,21 @@ TEST(Faults, PeersThatFinishedAndLeftDoNotFailTheOthers) {
   // leave after an all-to-all (which connected every pair) while rank 0 waits, stalled, for rank 1.
   ScopedEnv transports("CHORUS_TRANSPORTS", "tcp");
   const int n = 4;
-  chorusUniqueId id;
-  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      chorusComm_t c = nullptr;
-      ASSERT_EQ(chorusCommInitRank(&c, n, id, r), chorusSuccess);
-      std::vector<float> in(n, static_cast<float>(r)), out(n);
-      ASSERT_EQ(chorusAllToAll(in.data(), out.data(), 1, chorusFloat32, c, nullptr), chorusSuccess)
-          << chorusGetLastError(c);
-      if (r == 0) {
-        float x = 0;
-        EXPECT_EQ(chorusRecv(&x, 1, chorusFloat32, 1, c, nullptr), chorusSuccess) << chorusGetLastError(c);
-        EXPECT_EQ(x, 42.0f);
-      } else if (r == 1) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // ranks 2 and 3 are gone by now
-        float x = 42.0f;
-        EXPECT_EQ(chorusSend(&x, 1, chorusFloat32, 0, c, nullptr), chorusSuccess) << chorusGetLastError(c);
-      }
-      EXPECT_EQ(chorusCommDestroy(c), chorusSuccess);
-    });
-  for (auto& t : threads) t.join();
+  with_own_communicators(n, [&](int r, chorusComm_t c) {
+    std::vector<float> in(n, static_cast<float>(r)), out(n);
+    ASSERT_EQ(chorusAllToAll(in.data(), out.data(), 1, chorusFloat32, c, nullptr), chorusSuccess)
+        << chorusGetLastError(c);
+    if (r == 0) {
+      float x = 0;
+      EXPECT_EQ(chorusRecv(&x, 1, chorusFloat32, 1, c, nullptr), chorusSuccess) << chorusGetLastError(c);
+      EXPECT_EQ(x, 42.0f);
+    } else if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // ranks 2 and 3 are gone by now
+      float x = 42.0f;
+      EXPECT_EQ(chorusSend(&x, 1, chorusFloat32, 0, c, nullptr), chorusSuccess) << chorusGetLastError(c);
+    }
+    EXPECT_EQ(chorusCommDestroy(c), chorusSuccess);
+  });
 }
 
 TEST(Faults, ATimeoutSaysWhichRankHadNotCalledTheCollective) {
@@ -703,28 +704,21 @@ TEST(Faults, ATimeoutSaysWhichRankHadNotCalledTheCollective) {
   // their errors say which rank had not called (found by a new-user trial: they named a healthy neighbour).
   ScopedEnv timeout("CHORUS_TIMEOUT_MS", "2000");
   const int n = 4;
-  chorusUniqueId id;
-  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
-  std::vector<std::thread> threads;
   std::vector<std::string> errors(n);
   std::atomic<int> done{0};
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      chorusComm_t c = nullptr;
-      ASSERT_EQ(chorusCommInitRank(&c, n, id, r), chorusSuccess);
-      float x = 1.0f;
-      ASSERT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
-      if (r == 3) {
-        while (done.load() < n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      } else {
-        std::vector<float> v(100000, 1.0f);
-        EXPECT_NE(chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
-        errors[r] = chorusGetLastError(c);
-        ++done;
-      }
-      chorusCommDestroy(c);
-    });
-  for (auto& t : threads) t.join();
+  with_own_communicators(n, [&](int r, chorusComm_t c) {
+    float x = 1.0f;
+    ASSERT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+    if (r == 3) {
+      while (done.load() < n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } else {
+      std::vector<float> v(100000, 1.0f);
+      EXPECT_NE(chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+      errors[r] = chorusGetLastError(c);
+      ++done;
+    }
+    chorusCommDestroy(c);
+  });
   for (int r = 0; r < 3; ++r)
     EXPECT_NE(errors[r].find("rank(s) 3 (its last was #1, now idle) had not called collective #2"), std::string::npos)
         << "rank " << r << ": " << errors[r];
