@@ -697,7 +697,11 @@ std::string CommImpl::diagnose_timeout(const WireHeader& call) {
   };
   std::string out;
   if (!absent.empty()) out += cat("; at the timeout, rank(s) ", list(absent), " had not called collective #", call.seq);
-  if (!silent.empty())
+  if (!silent.empty() && silent.size() == static_cast<size_t>(nranks_ - 1))
+    out +=
+        "; no rank answered a status question within 1 s (the bootstrap root, which relays them, may be stopped: "
+        "it runs in the process that made the unique id, rank 0's under launchers)";
+  else if (!silent.empty())
     out += cat("; rank(s) ", list(silent), " did not answer a status question within 1 s (stopped, or hung)");
   if (out.empty()) out = cat("; at the timeout, every rank had called collective #", call.seq);
   return out;
