@@ -554,6 +554,33 @@ void CommImpl::check_peer_calls(const WireHeader& call) const {
   }
 }
 
+void CommImpl::check_gone_past(int peer, const WireHeader& call) const {
+  if ((call.seq >> 63) != 0) return;  // point-to-point calls are not sequenced
+  auto past = [&](const WireHeader& h) { return h.comm_id == call.comm_id && (h.seq >> 63) == 0 && h.seq > call.seq; };
+  auto gone = [&](const WireHeader& theirs) {
+    return Error(chorusRemoteError, Subsys::Runtime,
+                 cat("mismatched collective: this rank called ", describe_header(call),
+                     " and needs a connection to rank ", peer, ", but rank ", peer, " went on to ",
+                     describe_header(theirs), " without it: it called the first with other arguments"));
+  };
+  for (const auto& [pc, conn] : conns_) {
+    if (pc.first != peer) continue;
+    MessageView m;
+    try {
+      m = conn->recv_peek();
+    } catch (const Error&) {
+      continue;
+    }
+    if (m.header && past(*m.header)) throw gone(*m.header);
+  }
+  for (const auto& [from, msg] : bootstrap_->peek(kTagConnect)) {
+    if (from != peer || msg.size() < sizeof(WireHeader)) continue;
+    WireHeader theirs;
+    std::memcpy(&theirs, msg.data(), sizeof(theirs));
+    if (past(theirs)) throw gone(theirs);
+  }
+}
+
 void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed, const WireHeader& call,
                                   Deadline deadline) {
   std::vector<std::pair<int, int>> missing;
@@ -599,6 +626,7 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
       } catch (const Error& e) {
         if (e.code() != chorusTimeout) throw;
         check_peer_calls(call);
+        check_gone_past(peer, call);
         if (deadline.passed())
           throw Error(chorusTimeout, Subsys::Transport,
                       cat("timed out waiting for rank ", peer, " to connect (channel ", ch,

@@ -486,9 +486,11 @@ TEST(Faults, ARankWithAnotherRootOrCountIsReportedNotHung) {
     World w(k.n);
     w.run([&](int r, chorusComm_t c) {
       std::vector<float> in(1000000, 1.0f), out(1000000);
-      // Warm: every rank's connections of a first, matching call exist, as in a running job.
+      // Warm: every rank's connections of a first, matching call exist, as in a running job; the barrier keeps a
+      // fast rank from reaching the mismatch (which breaks every rank) while a slow one is still in the first call.
       ASSERT_EQ(chorusBroadcast(in.data(), out.data(), 12, chorusFloat32, 0, c, nullptr), chorusSuccess)
           << chorusGetLastError(c);
+      ASSERT_EQ(chorusBarrier(c, nullptr), chorusSuccess) << chorusGetLastError(c);
       const bool odd = r == k.odd;
       const int root = odd && !k.other_count ? 1 : 0;
       const size_t count = odd && k.other_count ? 10 : (k.other_count ? 1000000 : 12);
