@@ -62,7 +62,8 @@ class Bootstrap {
   virtual void leave_note(uint64_t progress) = 0;
   // A peer's question of how far this rank is, answered by this rank's service thread with what set_status gives
   // (so a rank whose application thread is busy elsewhere, or idle, still answers), as a message with
-  // kTagStatusReply. A rank that timed out asks every peer, to say which did not call the collective.
+  // kTagStatusReply (for a rank that has left, the root answers one byte). A rank that timed out asks every peer,
+  // to say which did not call the collective.
   static constexpr uint32_t kTagStatus = 0xFFFFFFFEu;
   static constexpr uint32_t kTagStatusReply = 0xFFFFFFFDu;
   // The answer to kTagStatus questions; called from the service thread, so it must not block. Thread-safe.

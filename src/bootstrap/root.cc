@@ -558,6 +558,12 @@ class RootService {
     if (phase_ != Phase::Complete) return protocol_error(c, "sent P2p before the rendezvous");
     if (h.to < 0 || h.to >= nranks_) return protocol_error(c, cat("sent P2p to rank ", h.to, " of ", nranks_));
     Conn* dest = by_rank_[h.to];
+    if (dest == nullptr && h.tag == Bootstrap::kTagStatus) {
+      // A status question to a rank that has left: the root answers for it (one byte: "left").
+      const uint8_t left = 1;
+      enqueue(c, make_buffer(MsgType::Deliver, h.to, c.rank, Bootstrap::kTagStatusReply, &left, 1));
+      return;
+    }
     if (dest == nullptr) {
       // The destination left or died (a death was already reported to everyone): nobody can receive it.
       CHORUS_WARN(Bootstrap, "root %s: dropped a message from rank %d to rank %d (tag %u): rank %d has left",

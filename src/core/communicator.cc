@@ -180,13 +180,13 @@ topo::Topology CommImpl::make_topology() const {
 }
 
 CommImpl::~CommImpl() {
-  if (bootstrap_ != nullptr) bootstrap_->set_status(nullptr);  // its service thread must not read a dying object
   {
     std::unique_lock<std::mutex> lock(q_mu_);
     stop_ = true;
     q_cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
+  if (bootstrap_ != nullptr) bootstrap_->set_status(nullptr);  // its service thread must not read a dying object
   // Peers still in (or yet to make) a later collective learn from this note that this rank will not come.
   if (bootstrap_ != nullptr && !aborted_.load()) bootstrap_->leave_note(seq_);
 }
@@ -699,8 +699,10 @@ std::string CommImpl::diagnose_timeout(const WireHeader& call) {
   } catch (const Error&) {
     return "";
   }
-  const Deadline answers = Deadline::after_ms(1000);
-  std::vector<std::string> absent, silent;
+  // The root relays every question and answer: a little longer for more ranks.
+  const int64_t window_ms = std::min<int64_t>(1000 + 2 * nranks_, 10000);
+  const Deadline answers = Deadline::after_ms(window_ms);
+  std::vector<std::string> absent, silent, left;
   for (int r = 0; r < nranks_; ++r) {
     if (r == rank_) continue;
     Blob b;
@@ -712,6 +714,10 @@ std::string CommImpl::diagnose_timeout(const WireHeader& call) {
       continue;
     }
     uint64_t started = 0;
+    if (b.size() == 1) {  // the root answered for a rank that has left (Bootstrap::kTagStatusReply)
+      left.push_back(cat(r));
+      continue;
+    }
     if (b.size() != sizeof(started) + 1) continue;
     std::memcpy(&started, b.data(), sizeof(started));
     const bool busy = b[sizeof(started)] != std::byte{0};
@@ -725,12 +731,14 @@ std::string CommImpl::diagnose_timeout(const WireHeader& call) {
   };
   std::string out;
   if (!absent.empty()) out += cat("; at the timeout, rank(s) ", list(absent), " had not called collective #", call.seq);
+  if (!left.empty()) out += cat("; rank(s) ", list(left), " had left (destroyed its communicator, or exited)");
   if (!silent.empty() && silent.size() == static_cast<size_t>(nranks_ - 1))
-    out +=
-        "; no rank answered a status question within 1 s (the bootstrap root, which relays them, may be stopped: "
-        "it runs in the process that made the unique id, rank 0's under launchers)";
+    out += cat("; no rank answered a status question within ", window_ms,
+               " ms (the bootstrap root, which relays them, may be stopped: it runs in the process that made the "
+               "unique id, rank 0's under launchers)");
   else if (!silent.empty())
-    out += cat("; rank(s) ", list(silent), " did not answer a status question within 1 s (stopped, or hung)");
+    out += cat("; rank(s) ", list(silent), " did not answer a status question within ", window_ms,
+               " ms (stopped, hung, or slow)");
   if (out.empty()) out = cat("; at the timeout, every rank had called collective #", call.seq);
   return out;
 }
