@@ -37,6 +37,13 @@ constexpr uint32_t kTagSplitId = 4;
 
 [[noreturn]] void bad_arg(const std::string& what) { throw Error(chorusInvalidArgument, Subsys::Core, what); }
 
+// Sets what a communicator is doing (CommImpl::activity_, read by peers' status questions) for a scope.
+struct ActivityScope {
+  std::atomic<uint8_t>& now;
+  ActivityScope(std::atomic<uint8_t>& a, uint8_t doing) : now(a) { now.store(doing, std::memory_order_relaxed); }
+  ~ActivityScope() { now.store(0, std::memory_order_relaxed); }
+};
+
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
   auto* p = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
@@ -114,7 +121,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
     Blob b(sizeof(uint64_t) + 1);
     const uint64_t started = started_.load(std::memory_order_relaxed);
     std::memcpy(b.data(), &started, sizeof(started));
-    b[sizeof(started)] = std::byte{in_call_.load(std::memory_order_relaxed) ? uint8_t{1} : uint8_t{0}};
+    b[sizeof(started)] = std::byte{activity_.load(std::memory_order_relaxed)};
     return b;
   });
   for (const Blob& b : bootstrap_->peer_info()) peers_.push_back(PeerInfo::deserialize(b));
@@ -675,11 +682,7 @@ void CommImpl::run(const CollArgs& a) {
   WireHeader hdr;
   hdr.comm_id = comm_id_;
   hdr.coll = static_cast<uint8_t>(a.coll);
-  struct InCall {
-    std::atomic<bool>& flag;
-    explicit InCall(std::atomic<bool>& f) : flag(f) { flag.store(true, std::memory_order_relaxed); }
-    ~InCall() { flag.store(false, std::memory_order_relaxed); }
-  } in_call(in_call_);
+  ActivityScope in_call(activity_, kInCollective);
   // Every failure of a call breaks the communicator and is told to every rank, whatever threw it.
   try {
     run_call(a, hdr);
@@ -692,7 +695,7 @@ void CommImpl::run(const CollArgs& a) {
   }
 }
 
-std::string CommImpl::diagnose_timeout(const WireHeader& call) {
+std::string CommImpl::diagnose_timeout(const WireHeader* call) {
   try {
     for (int r = 0; r < nranks_; ++r)
       if (r != rank_) bootstrap_->send(r, Bootstrap::kTagStatus, {});
@@ -720,9 +723,16 @@ std::string CommImpl::diagnose_timeout(const WireHeader& call) {
     }
     if (b.size() != sizeof(started) + 1) continue;
     std::memcpy(&started, b.data(), sizeof(started));
-    const bool busy = b[sizeof(started)] != std::byte{0};
-    if (started < call.seq)
-      absent.push_back(cat(r, " (its last was #", started, busy ? ", still running" : ", now idle", ")"));
+    const auto doing = static_cast<uint8_t>(b[sizeof(started)]);
+    if (call != nullptr && started < call->seq)
+      absent.push_back(cat(r, " (its last was #", started,
+                           doing == kInCollective ? ", still running"
+                           : doing == kInSplit    ? ", in chorusCommSplit"
+                                                  : ", now idle",
+                           ")"));
+    if (call == nullptr && doing != kInSplit)
+      absent.push_back(
+          cat(r, doing == kInCollective ? " (running collective #" : " (idle after collective #", started, ")"));
   }
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
@@ -730,7 +740,8 @@ std::string CommImpl::diagnose_timeout(const WireHeader& call) {
     return v.size() > 8 ? cat(s, " and ", v.size() - 8, " more") : s;
   };
   std::string out;
-  if (!absent.empty()) out += cat("; at the timeout, rank(s) ", list(absent), " had not called collective #", call.seq);
+  const std::string what = call != nullptr ? cat("collective #", call->seq) : std::string("chorusCommSplit");
+  if (!absent.empty()) out += cat("; at the timeout, rank(s) ", list(absent), " had not called ", what);
   if (!left.empty()) out += cat("; rank(s) ", list(left), " had left (destroyed its communicator, or exited)");
   if (!silent.empty() && silent.size() == static_cast<size_t>(nranks_ - 1))
     out += cat("; no rank answered a status question within ", window_ms,
@@ -739,7 +750,7 @@ std::string CommImpl::diagnose_timeout(const WireHeader& call) {
   else if (!silent.empty())
     out += cat("; rank(s) ", list(silent), " did not answer a status question within ", window_ms,
                " ms (stopped, hung, or slow)");
-  if (out.empty()) out = cat("; at the timeout, every rank had called collective #", call.seq);
+  if (out.empty()) out = cat("; at the timeout, every rank had called ", what);
   return out;
 }
 
@@ -757,7 +768,7 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   const bool symptom = e.subsys() == Subsys::Transport || e.code() == chorusTimeout;
   // A timeout of a collective names the peer waited for, which may itself be waiting: ask every rank how far it is.
   if (!aborted_ && e.code() == chorusTimeout && (hdr.seq >> 63) == 0 && hdr.seq != 0 && !bootstrap_->failed())
-    text += diagnose_timeout(hdr);
+    text += diagnose_timeout(&hdr);
   if (!aborted_ && symptom) {
     Deadline grace = Deadline::after_ms(std::min<int64_t>(1000, timeout_ms_));
     while (!bootstrap_->failed() && !grace.passed()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -1243,7 +1254,17 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key) {
   int32_t mine[2] = {color, key};
   Blob blob(sizeof(mine));
   std::memcpy(blob.data(), mine, sizeof(mine));
-  std::vector<Blob> all = bootstrap_->allgather(kTagSplit, blob, deadline);
+  ActivityScope in_split(activity_, kInSplit);  // until the split ends: peers that ask meanwhile see it
+  std::vector<Blob> all;
+  try {
+    all = bootstrap_->allgather(kTagSplit, blob, deadline);
+  } catch (const Error& e) {
+    if (e.code() != chorusTimeout || bootstrap_->failed()) throw;
+    // As a failed collective: the communicator is broken and every rank is told, with what each peer was doing.
+    Error timed_out(e.code(), e.subsys(), cat(e.what(), diagnose_timeout(nullptr)));
+    fail(timed_out);
+    throw timed_out;
+  }
   std::vector<std::pair<int32_t, int>> members;  // (key, old rank)
   for (int r = 0; r < nranks_; ++r) {
     int32_t theirs[2];

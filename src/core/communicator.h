@@ -198,12 +198,13 @@ class CommImpl {
   int64_t timeout_ms_ = 0;
   uint64_t seq_ = 0;
   // How far this rank is, for peers' status questions (answered from the bootstrap's service thread): the last
-  // collective started, and whether a call runs now.
+  // collective started, and what runs now.
+  enum Activity : uint8_t { kIdle = 0, kInCollective = 1, kInSplit = 2 };
   std::atomic<uint64_t> started_{0};
-  std::atomic<bool> in_call_{false};
-  // After a timeout in `call`: asks every peer how far it is (up to 1 s) and says which had not called it or did
-  // not answer, or "" when it cannot ask.
-  std::string diagnose_timeout(const WireHeader& call);
+  std::atomic<uint8_t> activity_{kIdle};
+  // After a timeout in collective `call` (or, null, in chorusCommSplit): asks every peer how far it is (about 1 s)
+  // and says which had not called it, which had left and which did not answer, or "" when it cannot ask.
+  std::string diagnose_timeout(const WireHeader* call);
   uint64_t direct_seq_ = 0;  // calls of the device-direct path
   std::shared_ptr<void> device_state_;
   // Reused for the communicator's life (fresh pages cost more than the copies, MACHINE-NOTES.md):

@@ -726,6 +726,29 @@ TEST(Faults, ATimeoutSaysWhichRankHadNotCalledTheCollective) {
         << "rank " << r << ": " << errors[r];
 }
 
+TEST(Faults, ASplitMetByACollectiveTimesOutSayingWhatEachSideDid) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "2000");
+  std::vector<std::string> errors(2);
+  with_own_communicators(2, [&](int r, chorusComm_t c) {
+    if (r == 0) {
+      chorusComm_t sub = nullptr;
+      EXPECT_NE(chorusCommSplit(c, 0, 0, &sub), chorusSuccess);
+    } else {
+      std::vector<float> v(1000, 1.0f);
+      EXPECT_NE(chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+    }
+    errors[r] = chorusGetLastError(c);
+    chorusCommDestroy(c);
+  });
+  // Whichever side times out first reports, and the other sees that report as its peer failure: either way every
+  // rank's error says what the two ranks were doing.
+  const std::string split_side = "rank(s) 1 (running collective #1) had not called chorusCommSplit";
+  const std::string collective_side = "rank(s) 0 (its last was #0, in chorusCommSplit) had not called collective #1";
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(errors[r].find(split_side) != std::string::npos || errors[r].find(collective_side) != std::string::npos)
+        << "rank " << r << ": " << errors[r];
+}
+
 TEST(Faults, AbortIsLocalBoundedAndNamedByThePeers) {
   World w(2);
   w.run([&](int r, chorusComm_t c) {
