@@ -217,12 +217,8 @@ TEST(CudaCollectives, CapturedInAGraphAndReplayed) {
   World& w = World::get(n);
   std::vector<cudaStream_t> streams = make_streams(n);
   const size_t count = 100003;
-  std::vector<std::unique_ptr<DeviceBuffer>> in, out;
-  for (int r = 0; r < n; ++r) {
-    in.push_back(std::make_unique<DeviceBuffer>(count * 4));
-    out.push_back(std::make_unique<DeviceBuffer>(count * 4));
-    ASSERT_TRUE(in.back()->ok() && out.back()->ok());
-  }
+  auto in = per_rank_buffers(n, count * 4), out = per_rank_buffers(n, count * 4);
+  ASSERT_TRUE(all_allocated(in) && all_allocated(out));
   std::vector<cudaGraph_t> graphs(n, nullptr);
   std::vector<cudaGraphExec_t> execs(n, nullptr);
   w.run([&](int r, chorusComm_t comm) {
@@ -264,12 +260,11 @@ TEST(CudaCollectives, TheHostDoesNotWaitForTheStream) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   World& w = World::get(2);
   std::vector<cudaStream_t> streams = make_streams(2);
-  std::vector<std::unique_ptr<DeviceBuffer>> buf;
+  auto buf = per_rank_buffers(2, 4096);
+  ASSERT_TRUE(all_allocated(buf));
   for (int r = 0; r < 2; ++r) {
-    buf.push_back(std::make_unique<DeviceBuffer>(4096));
-    ASSERT_TRUE(buf.back()->ok());
     std::vector<float> x(1024, 1.0f + r);
-    ASSERT_EQ(upload(buf.back()->get(), x.data(), 4096), cudaSuccess);
+    ASSERT_EQ(upload(buf[r]->get(), x.data(), 4096), cudaSuccess);
   }
   w.run([&](int r, chorusComm_t comm) {
     // The stream is held by a gate that opens only after the collective call returned on the host: a call that
@@ -303,13 +298,12 @@ TEST(CudaCollectives, CompressedAllReduceOnDeviceBuffersGivesTheSameBitsEverywhe
   World& w = World::get(n);
   std::vector<cudaStream_t> streams = make_streams(n);
   const size_t count = 50000;
-  std::vector<std::unique_ptr<DeviceBuffer>> buf;
+  auto buf = per_rank_buffers(n, count * 4);
+  ASSERT_TRUE(all_allocated(buf));
   for (int r = 0; r < n; ++r) {
-    buf.push_back(std::make_unique<DeviceBuffer>(count * 4));
-    ASSERT_TRUE(buf.back()->ok());
     std::vector<float> x(count);
     for (size_t i = 0; i < count; ++i) x[i] = std::sin(0.001f * static_cast<float>(i * (r + 1)));
-    ASSERT_EQ(upload(buf.back()->get(), x.data(), count * 4), cudaSuccess);
+    ASSERT_EQ(upload(buf[r]->get(), x.data(), count * 4), cudaSuccess);
   }
   w.run([&](int r, chorusComm_t comm) {
     chorusCompression_t z = CHORUS_COMPRESSION_INIT(chorusCodecInt8);
@@ -329,11 +323,8 @@ TEST(CudaCollectives, CompressedAllReduceOnDeviceBuffersGivesTheSameBitsEverywhe
 TEST(CudaCollectives, MixedOrUnsupportedBuffersAreClearErrors) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   World& w = World::get(2);
-  std::vector<std::unique_ptr<DeviceBuffer>> dev;
-  for (int r = 0; r < 2; ++r) {
-    dev.push_back(std::make_unique<DeviceBuffer>(4096));
-    ASSERT_TRUE(dev.back()->ok());
-  }
+  auto dev = per_rank_buffers(2, 4096);
+  ASSERT_TRUE(all_allocated(dev));
   w.run([&](int r, chorusComm_t comm) {
     std::vector<float> host(1024, 1.0f);
     ASSERT_EQ(chorusAllReduce(dev[r]->get(), host.data(), 1024, chorusFloat32, chorusSum, comm, nullptr),
@@ -369,11 +360,8 @@ TEST(CudaCollectives, MismatchedCallsOnTheDirectPathAreReportedNotRun) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   World w(2);  // its own communicators: a mismatch breaks them
   std::vector<cudaStream_t> streams = make_streams(2);
-  std::vector<std::unique_ptr<DeviceBuffer>> buf;
-  for (int r = 0; r < 2; ++r) {
-    buf.push_back(std::make_unique<DeviceBuffer>(8192));
-    ASSERT_TRUE(buf.back()->ok());
-  }
+  auto buf = per_rank_buffers(2, 8192);
+  ASSERT_TRUE(all_allocated(buf));
   w.run([&](int r, chorusComm_t comm) {
     const size_t count = r == 0 ? 1000 : 2000;
     EXPECT_EQ(chorusAllReduce(buf[r]->get(), buf[r]->get(), count, chorusFloat32, chorusSum, comm, streams[r]),
@@ -466,14 +454,12 @@ TEST(CudaCollectives, DirectAllGatherRunsOnCopyEnginesWhileEverySmIsHeld) {
   World& w = World::get(n);
   std::vector<cudaStream_t> streams = make_streams(n);
   const size_t count = size_t{4} << 20;  // 16 MiB of float32 per rank
-  std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+  auto in = per_rank_buffers(n, count * 4), out = per_rank_buffers(n, count * 4 * n);
+  ASSERT_TRUE(all_allocated(in) && all_allocated(out));
   for (int r = 0; r < n; ++r) {
-    in.push_back(std::make_unique<DeviceBuffer>(count * 4));
-    out.push_back(std::make_unique<DeviceBuffer>(count * 4 * n));
-    ASSERT_TRUE(in.back()->ok() && out.back()->ok());
     std::vector<float> x(count);
     for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(r * 1000 + static_cast<int>(i % 977));
-    ASSERT_EQ(upload(in.back()->get(), x.data(), count * 4), cudaSuccess);
+    ASSERT_EQ(upload(in[r]->get(), x.data(), count * 4), cudaSuccess);
   }
   SmOccupier hold;
   ASSERT_TRUE(hold.ok()) << hold.why();

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,19 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   size_t bytes_;
 };
+
+// One device buffer of `bytes` per rank, for tests with ranks as threads: allocated by the test's thread before any
+// rank runs a call (see upload below). Check all_allocated() before use.
+inline std::vector<std::unique_ptr<DeviceBuffer>> per_rank_buffers(int n, size_t bytes) {
+  std::vector<std::unique_ptr<DeviceBuffer>> v;
+  for (int r = 0; r < n; ++r) v.push_back(std::make_unique<DeviceBuffer>(bytes));
+  return v;
+}
+inline bool all_allocated(const std::vector<std::unique_ptr<DeviceBuffer>>& v) {
+  for (const auto& b : v)
+    if (!b->ok()) return false;
+  return true;
+}
 
 // Synchronous for every stream: a cudaMemcpy from pageable memory may return before its DMA reached the device, and
 // work on a non-blocking stream would not wait for it. Waits for the whole device, so tests with ranks as threads
