@@ -522,14 +522,9 @@ Transport& CommImpl::choose_transport(int peer) {
                   "' can reach rank ", peer, " (", why, ")"));
 }
 
-void CommImpl::check_peer_calls(const WireHeader& call) const {
-  auto mismatch = [&](int peer, const WireHeader& theirs) {
-    return Error(chorusRemoteError, Subsys::Runtime,
-                 cat("mismatched collective: this rank called ", describe_header(call), " but rank ", peer, " called ",
-                     describe_header(theirs)));
-  };
-  // Data that peers sent on connections made for earlier calls. A connection whose peer has closed it (done with
-  // its last call, destroyed) says nothing about this call: only the waits that need that peer report it.
+void CommImpl::for_each_waiting_header(const std::function<void(int, const WireHeader&)>& visit) const {
+  // Data at the head of every connection. A connection whose peer has closed it (done with its last call,
+  // destroyed) says nothing of a call: only the waits that need that peer report it.
   for (const auto& [pc, conn] : conns_) {
     MessageView m;
     try {
@@ -537,9 +532,18 @@ void CommImpl::check_peer_calls(const WireHeader& call) const {
     } catch (const Error&) {
       continue;
     }
-    if (m.header && m.header->comm_id == call.comm_id && m.header->seq == call.seq && !same_call(*m.header, call))
-      throw mismatch(pc.first, *m.header);
+    if (m.header) visit(pc.first, *m.header);
   }
+  // Requests for connections, queued in the bootstrap.
+  for (const auto& [peer, msg] : bootstrap_->peek(kTagConnect)) {
+    if (msg.size() < sizeof(WireHeader)) continue;  // malformed: reported when it is received
+    WireHeader h;
+    std::memcpy(&h, msg.data(), sizeof(h));
+    visit(peer, h);
+  }
+}
+
+void CommImpl::check_peer_calls(const WireHeader& call) const {
   // A peer that destroyed its communicator before this collective (point-to-point calls need not involve it).
   if ((call.seq >> 63) == 0)
     for (const auto& [peer, note] : bootstrap_->peek(Bootstrap::kTagLeft)) {
@@ -551,41 +555,24 @@ void CommImpl::check_peer_calls(const WireHeader& call) const {
                     cat("rank ", peer, " destroyed its communicator after its collective #", last,
                         ", so it takes no part in ", describe_header(call)));
     }
-  // Requests for connections this rank's program does not need.
-  for (const auto& [peer, msg] : bootstrap_->peek(kTagConnect)) {
-    if (msg.size() < sizeof(WireHeader)) continue;  // malformed: reported when it is received
-    WireHeader theirs;
-    std::memcpy(&theirs, msg.data(), sizeof(theirs));
+  // A message of this very call with another fingerprint.
+  for_each_waiting_header([&](int peer, const WireHeader& theirs) {
     if (theirs.comm_id == call.comm_id && theirs.seq == call.seq && !same_call(theirs, call))
-      throw mismatch(peer, theirs);
-  }
+      throw Error(chorusRemoteError, Subsys::Runtime,
+                  cat("mismatched collective: this rank called ", describe_header(call), " but rank ", peer, " called ",
+                      describe_header(theirs)));
+  });
 }
 
 void CommImpl::check_gone_past(int peer, const WireHeader& call) const {
   if ((call.seq >> 63) != 0) return;  // point-to-point calls are not sequenced
-  auto past = [&](const WireHeader& h) { return h.comm_id == call.comm_id && (h.seq >> 63) == 0 && h.seq > call.seq; };
-  auto gone = [&](const WireHeader& theirs) {
-    return Error(chorusRemoteError, Subsys::Runtime,
-                 cat("mismatched collective: this rank called ", describe_header(call),
-                     " and needs a connection to rank ", peer, ", but rank ", peer, " went on to ",
-                     describe_header(theirs), " without it: it called the first with other arguments"));
-  };
-  for (const auto& [pc, conn] : conns_) {
-    if (pc.first != peer) continue;
-    MessageView m;
-    try {
-      m = conn->recv_peek();
-    } catch (const Error&) {
-      continue;
-    }
-    if (m.header && past(*m.header)) throw gone(*m.header);
-  }
-  for (const auto& [from, msg] : bootstrap_->peek(kTagConnect)) {
-    if (from != peer || msg.size() < sizeof(WireHeader)) continue;
-    WireHeader theirs;
-    std::memcpy(&theirs, msg.data(), sizeof(theirs));
-    if (past(theirs)) throw gone(theirs);
-  }
+  for_each_waiting_header([&](int from, const WireHeader& theirs) {
+    if (from == peer && theirs.comm_id == call.comm_id && (theirs.seq >> 63) == 0 && theirs.seq > call.seq)
+      throw Error(chorusRemoteError, Subsys::Runtime,
+                  cat("mismatched collective: this rank called ", describe_header(call),
+                      " and needs a connection to rank ", peer, ", but rank ", peer, " went on to ",
+                      describe_header(theirs), " without it: it called the first with other arguments"));
+  });
 }
 
 void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed, const WireHeader& call,

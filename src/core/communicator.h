@@ -168,6 +168,9 @@ class CommImpl {
   // running another program (another root, say) may need connections this rank's does not, or none it waits for,
   // so the two would otherwise wait for each other until the deadline. Called while waiting.
   void check_peer_calls(const WireHeader& call) const;
+  // Calls visit(peer, header) for every message header peers have sent that waits here: at the head of each open
+  // connection, and each connection request queued in the bootstrap. Never blocks.
+  void for_each_waiting_header(const std::function<void(int, const WireHeader&)>& visit) const;
   // While waiting for `peer` to connect for collective `call`: throws chorusRemoteError when `peer` has sent
   // anything of a later collective. With the same arguments it would need the same connection, so it could not
   // have finished `call` without it: it called `call` with other arguments.
