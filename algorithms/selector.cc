@@ -1,6 +1,7 @@
 #include "algorithms/selector.h"
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <cstdio>
 #include <functional>
@@ -177,6 +178,22 @@ int pick_candidate(const std::vector<Candidate>& candidates) {
   return -1;
 }
 
+size_t decision_count(size_t count) {
+  constexpr int kBits = 4;  // significant bits kept: 8 bands per doubling
+  const int width = std::bit_width(count);
+  if (width <= kBits) return count;
+  const size_t unit = size_t{1} << (width - kBits);
+  const size_t down = count & ~(unit - 1);
+  if (down == count || down > std::numeric_limits<size_t>::max() - unit) return count;  // exact, or no room above
+  return down + unit;
+}
+
+size_t decision_count_low(size_t d) {
+  if (d <= 16) return d;
+  if (d & ((size_t{1} << (std::bit_width(d) - 4)) - 1)) return d;  // too large to round up: its own band
+  return d - (size_t{1} << (std::bit_width(d - 1) - 4)) + 1;
+}
+
 size_t Selector::KeyHash::operator()(const Key& k) const {
   size_t h = std::hash<size_t>()(k.count);
   auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
@@ -184,6 +201,7 @@ size_t Selector::KeyHash::operator()(const Key& k) const {
   mix(k.elem_size);
   mix(static_cast<size_t>(k.root));
   mix(std::hash<std::string>()(k.algorithm));
+  mix(static_cast<size_t>(k.rule + 1));
   return h;
 }
 
@@ -197,7 +215,13 @@ Selector::Selector(topo::Topology topology, SimOptions sim, int nchannels, AlgoO
 
 std::shared_ptr<const Choice> Selector::choose(Coll coll, size_t count, size_t elem_size, int root,
                                                const char* per_call_algorithm) const {
-  Key key{coll, count, elem_size, rooted(coll) ? root : 0, per_call_algorithm ? per_call_algorithm : ""};
+  Key key{coll, decision_count(count), elem_size, rooted(coll) ? root : 0,
+          per_call_algorithm ? per_call_algorithm : ""};
+  if (key.algorithm.empty()) {
+    // A CHORUS_ALGO range holds the exact size: counts of one band may fall on both sides of its edge.
+    if (const AlgoRule* rule = overrides_.find(coll, selection_bytes(coll, count, elem_size, topo_.nranks())))
+      key.rule = static_cast<int>(rule - overrides_.rules[static_cast<size_t>(coll)].data());
+  }
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
     auto it = memo_.find(key);
@@ -209,38 +233,60 @@ std::shared_ptr<const Choice> Selector::choose(Coll coll, size_t count, size_t e
   return memo_.try_emplace(std::move(key), std::move(made)).first->second;
 }
 
+std::vector<Candidate> Selector::unsimulated(Coll coll, int root) const {
+  const int n = topo_.nranks();
+  if (rooted(coll) && (root < 0 || root >= n))
+    throw Error(chorusInvalidArgument, Subsys::Algorithms,
+                cat("selector: root ", root, " out of range for ", n, " ranks"));
+  std::vector<Candidate> out;
+  for (const AlgorithmInfo& a : algorithm_table())
+    if (a.coll == coll) out.push_back(Candidate{&a, false, 0, "was not simulated: another algorithm was named"});
+  if (out.empty())
+    throw Error(chorusInvalidArgument, Subsys::Algorithms, cat("selector: no algorithm for ", coll_name(coll)));
+  return out;
+}
+
+void Selector::simulate_candidate(Candidate& c, const ProgramParams& params, size_t count, size_t elem_size,
+                                  std::shared_ptr<const Program>* program) const {
+  c.applicable = false;
+  try {
+    std::shared_ptr<const Program> prog = get_program(*c.algorithm, params);
+    c.predicted_s = simulate(*prog, topo_, count, elem_size, sim_).seconds;
+    c.applicable = true;
+    c.note.clear();
+    if (program) *program = std::move(prog);
+  } catch (const std::invalid_argument& e) {
+    c.note = cat("does not apply: ", e.what());
+  } catch (const Error& e) {
+    c.note = cat("could not be simulated: ", e.what());
+  }
+}
+
+std::vector<Candidate> Selector::evaluate(Coll coll, size_t count, size_t elem_size, int root) const {
+  if (elem_size == 0) throw Error(chorusInvalidArgument, Subsys::Algorithms, "selector: elem_size is 0");
+  std::vector<Candidate> out = unsimulated(coll, root);
+  const ProgramParams params{topo_.nranks(), rooted(coll) ? root : 0, nchannels_, host_of_rank_};
+  for (Candidate& c : out) simulate_candidate(c, params, count, elem_size, nullptr);
+  return out;
+}
+
 std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
   const Coll coll = key.coll;
   const int n = topo_.nranks();
   if (key.elem_size == 0) throw Error(chorusInvalidArgument, Subsys::Algorithms, "selector: elem_size is 0");
-  if (rooted(coll) && (key.root < 0 || key.root >= n))
-    throw Error(chorusInvalidArgument, Subsys::Algorithms,
-                cat("selector: root ", key.root, " out of range for ", n, " ranks"));
   auto choice = std::make_shared<Choice>();
+  choice->candidates = unsimulated(coll, key.root);
+  choice->count = key.count;
   choice->bytes = selection_bytes(coll, key.count, key.elem_size, n);
 
   const ProgramParams params{n, key.root, nchannels_, host_of_rank_};
-  std::vector<std::shared_ptr<const Program>> programs;
-  for (const AlgorithmInfo& a : algorithm_table()) {
-    if (a.coll != coll) continue;
-    Candidate c;
-    c.algorithm = &a;
-    std::shared_ptr<const Program> prog;
-    try {
-      prog = get_program(a, params);
-      c.predicted_s = simulate(*prog, topo_, key.count, key.elem_size, sim_).seconds;
-      c.applicable = true;
-    } catch (const std::invalid_argument& e) {
-      c.note = cat("does not apply: ", e.what());
-    } catch (const Error& e) {
-      c.note = cat("could not be simulated: ", e.what());
-    }
-    programs.push_back(c.applicable ? prog : nullptr);
-    choice->candidates.push_back(std::move(c));
-  }
-  if (choice->candidates.empty())
-    throw Error(chorusInvalidArgument, Subsys::Algorithms, cat("selector: no algorithm for ", coll_name(coll)));
-
+  std::vector<std::shared_ptr<const Program>> programs(choice->candidates.size());
+  std::vector<bool> simulated(choice->candidates.size(), false);
+  auto run = [&](size_t i) {
+    if (simulated[i]) return;
+    simulate_candidate(choice->candidates[i], params, key.count, key.elem_size, &programs[i]);
+    simulated[i] = true;
+  };
   auto index_of = [&](const std::string& name) -> int {
     for (size_t i = 0; i < choice->candidates.size(); ++i)
       if (name == choice->candidates[i].algorithm->name) return static_cast<int>(i);
@@ -253,8 +299,9 @@ std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
     choice->predicted_s = c.predicted_s;
     choice->reason = reason;
     choice->why = std::move(why);
-    CHORUS_INFO(Algorithms, "%s(count=%zu, %zu-byte elements, %llu bytes): %s: %s", coll_name(key.coll), key.count,
-                key.elem_size, static_cast<unsigned long long>(choice->bytes), c.algorithm->name, choice->why.c_str());
+    CHORUS_INFO(Algorithms, "%s(count %zu-%zu, %zu-byte elements, %llu bytes): %s: %s", coll_name(key.coll),
+                decision_count_low(key.count), key.count, key.elem_size, static_cast<unsigned long long>(choice->bytes),
+                c.algorithm->name, choice->why.c_str());
     return std::shared_ptr<const Choice>(std::move(choice));
   };
 
@@ -264,6 +311,7 @@ std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
       throw Error(chorusInvalidArgument, Subsys::Algorithms,
                   cat("unknown algorithm '", key.algorithm, "' for ", coll_name(coll),
                       " (known: ", algorithm_names(coll), ")"));
+    run(static_cast<size_t>(i));
     const Candidate& c = choice->candidates[static_cast<size_t>(i)];
     if (!c.applicable)
       throw Error(chorusInvalidArgument, Subsys::Algorithms,
@@ -273,16 +321,19 @@ std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
   }
 
   std::string prefix;
-  if (const AlgoRule* rule = overrides_.find(coll, choice->bytes)) {
-    const int i = index_of(rule->algorithm);
+  if (key.rule >= 0) {
+    const AlgoRule& rule = overrides_.rules[static_cast<size_t>(coll)][static_cast<size_t>(key.rule)];
+    const int i = index_of(rule.algorithm);
+    if (i >= 0) run(static_cast<size_t>(i));
     if (i >= 0 && choice->candidates[static_cast<size_t>(i)].applicable)
       return take(i, ChoiceReason::Override,
-                  cat("CHORUS_ALGO rule '", rule->text, "' for ", choice->bytes, " B (predicted ",
+                  cat("CHORUS_ALGO rule '", rule.text, "' (predicted ",
                       fmt_us(choice->candidates[static_cast<size_t>(i)].predicted_s), ")"));
-    prefix = cat("CHORUS_ALGO rule '", rule->text, "' ignored: ", rule->algorithm, " ",
+    prefix = cat("CHORUS_ALGO rule '", rule.text, "' ignored: ", rule.algorithm, " ",
                  i >= 0 ? choice->candidates[static_cast<size_t>(i)].note : "is unknown", "; ");
   }
 
+  for (size_t i = 0; i < choice->candidates.size(); ++i) run(i);
   const int pick = pick_candidate(choice->candidates);
   if (pick < 0) {
     std::string notes;

@@ -8,6 +8,11 @@
 //
 // Sizes are bytes as nccl-tests reports them (selection_bytes): all-reduce, broadcast, reduce: count * elem;
 // all-gather (receive bytes), reduce-scatter (send bytes), all-to-all(v): count * nranks * elem.
+//
+// The cost model decides per band of counts, not per count (decision_count): a job whose sizes keep changing pays
+// one simulation per band, 8 bands per doubling of the size, and the memo stays bounded. CHORUS_ALGO ranges apply
+// to the call's exact size. A named algorithm (per call, or a CHORUS_ALGO rule) is the only one generated and
+// simulated.
 #pragma once
 
 #include <array>
@@ -57,6 +62,13 @@ std::string algorithm_names(Coll coll);
 // Bytes of a call as nccl-tests reports them (see above); `count` is the API's count argument.
 uint64_t selection_bytes(Coll coll, size_t count, size_t elem_size, int nranks);
 
+// The count the cost model decides a call of `count` elements with: `count` rounded up to 4 significant bits, so
+// every count in (decision_count_low(d) - 1, d] shares the decision of d = decision_count(count). Counts below 16
+// and powers of two are their own; otherwise the rounding is under 12.5%. Pure and the same on every rank.
+size_t decision_count(size_t count);
+// The smallest count whose decision_count() is `d` (d must be a value decision_count returns).
+size_t decision_count_low(size_t d);
+
 enum class ChoiceReason : uint8_t {
   PerCall,    // the call named its algorithm
   Override,   // a CHORUS_ALGO rule
@@ -68,7 +80,7 @@ struct Candidate {
   const AlgorithmInfo* algorithm = nullptr;
   bool applicable = false;  // the generator accepted the communicator and the program simulated
   double predicted_s = 0;   // simulated seconds (valid when applicable)
-  std::string note;         // why it is not applicable
+  std::string note;         // why it is not applicable, or that it was not simulated (another was named)
 };
 
 struct Choice {
@@ -76,9 +88,12 @@ struct Choice {
   std::shared_ptr<const Program> program;    // its program for this communicator (from get_program)
   double predicted_s = 0;                    // the chosen program's simulated seconds
   ChoiceReason reason = ChoiceReason::CostModel;
-  std::string why;                    // one line for logs and chorus-plan
-  uint64_t bytes = 0;                 // selection_bytes of the call
-  std::vector<Candidate> candidates;  // every table entry of the collective, in table order
+  std::string why;     // one line for logs and chorus-plan
+  size_t count = 0;    // the count the candidates were simulated at: decision_count() of the call's count
+  uint64_t bytes = 0;  // selection_bytes at `count`
+  // Every table entry of the collective, in table order. Under the cost model all were simulated; when an
+  // algorithm was named (per call, or a CHORUS_ALGO rule that applies), only that one was.
+  std::vector<Candidate> candidates;
 };
 
 // The cost model's pick among `candidates` (table order): the earliest applicable one that no other is predicted
@@ -86,7 +101,8 @@ struct Choice {
 int pick_candidate(const std::vector<Candidate>& candidates);
 
 // Decides algorithms for one communicator. Thread-safe: choose() may run from any thread; decisions are memoized
-// per (collective, count, elem_size, root, per-call name), so a repeated call costs one hash lookup.
+// per (collective, decision_count(count), elem_size, root, per-call name, CHORUS_ALGO rule), so a repeated call,
+// or a call of another count in the same band, costs one hash lookup.
 class Selector {
  public:
   // `topology` must describe the communicator (nranks = topology.nranks(), host_of_rank from it); `nchannels`
@@ -101,6 +117,9 @@ class Selector {
   // candidate could be simulated.
   std::shared_ptr<const Choice> choose(Coll coll, size_t count, size_t elem_size, int root,
                                        const char* per_call_algorithm = nullptr) const;
+  // Every table entry of `coll` simulated at exactly `count` (no bands, no memo), in table order: what chorus-plan
+  // prints beside the choice. Throws like choose() for a bad root or a collective without algorithms.
+  std::vector<Candidate> evaluate(Coll coll, size_t count, size_t elem_size, int root) const;
 
   const topo::Topology& topology() const { return topo_; }
   // rank -> host index of the topology, as the programs are generated with it.
@@ -116,7 +135,8 @@ class Selector {
     size_t count;
     size_t elem_size;
     int root;
-    std::string algorithm;
+    std::string algorithm;  // per-call name, or ""
+    int rule = -1;          // index of the CHORUS_ALGO rule of `coll` that holds the call's exact bytes, or -1
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
@@ -124,6 +144,11 @@ class Selector {
   };
 
   std::shared_ptr<const Choice> decide(const Key& key) const;
+  // The collective's table entries, each "not simulated" (throws when it has none, or for a bad root).
+  std::vector<Candidate> unsimulated(Coll coll, int root) const;
+  // Generates and simulates one candidate in place; `program` receives its program when it applies.
+  void simulate_candidate(Candidate& c, const ProgramParams& params, size_t count, size_t elem_size,
+                          std::shared_ptr<const Program>* program) const;
 
   topo::Topology topo_;
   SimOptions sim_;

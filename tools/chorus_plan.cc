@@ -288,19 +288,25 @@ int main(int argc, char** argv) {
     for (size_t count : counts) {
       const auto choice =
           selector.choose(coll, count, esz, static_cast<int>(root), algo.empty() ? nullptr : algo.c_str());
-      std::printf("  %12llu %12zu", static_cast<unsigned long long>(choice->bytes), count);
-      for (const Candidate& c : choice->candidates) {
+      // The choice holds every candidate at this exact count only when the cost model decided at this count.
+      const std::vector<Candidate> candidates = choice->reason == ChoiceReason::CostModel && choice->count == count
+                                                    ? choice->candidates
+                                                    : selector.evaluate(coll, count, esz, static_cast<int>(root));
+      const uint64_t bytes = selection_bytes(coll, count, esz, n);
+      std::printf("  %12llu %12zu", static_cast<unsigned long long>(bytes), count);
+      for (const Candidate& c : candidates) {
         if (!c.applicable) {
           std::printf(" | %10s %8s %8s", "n/a", "", "");
           const std::string note = cat("# ", c.algorithm->name, " ", c.note);
           if (std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
           continue;
         }
-        const double algbw = c.predicted_s > 0 ? static_cast<double>(choice->bytes) / c.predicted_s / 1e9 : 0;
+        const double algbw = c.predicted_s > 0 ? static_cast<double>(bytes) / c.predicted_s / 1e9 : 0;
         std::printf(" | %10.2f %8.2f %8.2f", c.predicted_s * 1e6, algbw, algbw * bus_factor(coll, n));
       }
       std::printf(" | %s (%s)\n", choice->algorithm->name, choice_reason_name(choice->reason));
-      if (why) std::printf("#   %s\n", choice->why.c_str());
+      if (why)
+        std::printf("#   counts %zu-%zu: %s\n", decision_count_low(choice->count), choice->count, choice->why.c_str());
       chosen_programs.emplace(choice->algorithm->name, choice->program);
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <random>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
@@ -182,7 +185,12 @@ TEST(Selector, MemoizesDecisions) {
   auto a = sel.choose(Coll::AllGather, 1000, 4, 0);
   auto b = sel.choose(Coll::AllGather, 1000, 4, 0);
   EXPECT_EQ(a.get(), b.get());
-  EXPECT_NE(sel.choose(Coll::AllGather, 1001, 4, 0).get(), a.get());
+  // Counts of one band share the decision made at the band's top; the next band gets its own.
+  EXPECT_EQ(a->count, 1024u);
+  EXPECT_EQ(sel.choose(Coll::AllGather, 961, 4, 0).get(), a.get());
+  EXPECT_EQ(sel.choose(Coll::AllGather, 1024, 4, 0).get(), a.get());
+  EXPECT_NE(sel.choose(Coll::AllGather, 960, 4, 0).get(), a.get());
+  EXPECT_NE(sel.choose(Coll::AllGather, 1025, 4, 0).get(), a.get());
   EXPECT_NE(sel.choose(Coll::AllGather, 1000, 2, 0).get(), a.get());
   // Root is part of the key only where it matters.
   EXPECT_EQ(sel.choose(Coll::AllGather, 1000, 4, 3).get(), a.get());
@@ -194,6 +202,76 @@ TEST(Selector, MemoizesDecisions) {
     threads.emplace_back([&, i] { got[static_cast<size_t>(i)] = sel.choose(Coll::AllReduce, 12345, 4, 0).get(); });
   for (auto& th : threads) th.join();
   for (const Choice* c : got) EXPECT_EQ(c, got[0]);
+}
+
+TEST(DecisionCount, BandsOfEightPerDoublingWithinAnEighth) {
+  for (size_t c = 0; c <= 16; ++c) EXPECT_EQ(decision_count(c), c);
+  EXPECT_EQ(decision_count(17), 18u);
+  EXPECT_EQ(decision_count(1000), 1024u);
+  EXPECT_EQ(decision_count(1025), 1152u);
+  EXPECT_EQ(decision_count_low(1024), 961u);
+  EXPECT_EQ(decision_count_low(1152), 1025u);
+  EXPECT_EQ(decision_count_low(18), 17u);
+  const size_t top = std::numeric_limits<size_t>::max();
+  EXPECT_EQ(decision_count(top), top);  // no room to round up: its own band
+  for (int k = 0; k < 64; ++k) EXPECT_EQ(decision_count(size_t{1} << k), size_t{1} << k);
+  // Every count: rounded up by less than an eighth, into a band whose ends map back to it.
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 100000; ++i) {
+    const size_t c = rng() >> (rng() % 64);
+    const size_t d = decision_count(c);
+    ASSERT_GE(d, c);
+    if (c > 16 && c < (top >> 4)) {
+      ASSERT_LT(d - c, (c + 7) / 8) << c;
+    }
+    const size_t lo = decision_count_low(d);
+    ASSERT_LE(lo, c) << c;
+    ASSERT_EQ(decision_count(lo), d) << c;
+    if (lo > 0) {
+      ASSERT_NE(decision_count(lo - 1), d) << c;
+    }
+  }
+  // The number of decisions from 1 element to 1 Gi elements.
+  std::set<size_t> bands;
+  for (size_t c = 1; c <= (size_t{1} << 30); c += 1 + c / 64) bands.insert(decision_count(c));
+  EXPECT_LE(bands.size(), 16u + 8u * 27u);
+}
+
+TEST(Selector, ANamedAlgorithmIsTheOnlyOneSimulated) {
+  const topo::Topology t = one_host(8);
+  Selector sel(t, {}, 1, parse_algo_overrides("allreduce:0-4000:ring"));
+  auto only = [](const Choice& c) {
+    int simulated = 0;
+    for (const Candidate& cand : c.candidates) {
+      if (cand.applicable) {
+        ++simulated;
+        EXPECT_EQ(cand.algorithm, c.algorithm);
+      } else {
+        EXPECT_TRUE(has(cand.note, "was not simulated")) << cand.note;
+      }
+    }
+    return simulated == 1;
+  };
+  auto named = sel.choose(Coll::AllReduce, 1 << 20, 4, 0, "tree");
+  EXPECT_EQ(named->reason, ChoiceReason::PerCall);
+  EXPECT_TRUE(only(*named));
+  // 999 and 1001 floats share a band (up to 1024), but the rule's edge (4000 bytes) lies between them: the rule
+  // holds the exact size of the first only.
+  auto ruled = sel.choose(Coll::AllReduce, 999, 4, 0);
+  EXPECT_EQ(ruled->reason, ChoiceReason::Override);
+  EXPECT_STREQ(ruled->algorithm->name, "ring");
+  EXPECT_TRUE(only(*ruled));
+  auto model = sel.choose(Coll::AllReduce, 1001, 4, 0);
+  EXPECT_EQ(model->reason, ChoiceReason::CostModel);
+  for (const Candidate& cand : model->candidates) EXPECT_TRUE(cand.applicable || has(cand.note, "does not apply"));
+  // evaluate(): every candidate at the exact count, as simulate() gives it.
+  const std::vector<Candidate> all = sel.evaluate(Coll::AllReduce, 1001, 4, 0);
+  ASSERT_EQ(all.size(), model->candidates.size());
+  for (const Candidate& cand : all) {
+    if (!cand.applicable) continue;
+    auto prog = get_program(*cand.algorithm, {8, 0, 1, t.host_of_rank()});
+    EXPECT_EQ(cand.predicted_s, simulate(*prog, t, 1001, 4).seconds) << cand.algorithm->name;
+  }
 }
 
 TEST(Selector, NearTiesPreferTheEarlierEntry) {
