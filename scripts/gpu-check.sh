@@ -178,9 +178,17 @@ timed 150 "$perf/bench_cuda_collectives" --max-bytes "${COLL_MAX_BYTES:-26843545
 step "compute-sanitizer memcheck (three small GPU tests)"
 sanitizer=$(command -v compute-sanitizer || true)
 if [ -n "$sanitizer" ]; then
+  rc=0
   timed 90 "$sanitizer" --tool memcheck --error-exitcode 3 "$bin/chorus_gpu_tests" --gtest_brief=1 \
     --gtest_filter='CudaCodec.UnalignedFloatBuffersMatchCpu:CudaReduce.InPlaceMatchesCpu:CudaCollectives.TheHostDoesNotWaitForTheStream' \
-    || fail_later "compute-sanitizer memcheck reported errors or timed out"
+    || rc=$?
+  case "$rc" in
+    0) echo "memcheck: no errors" ;;
+    3) fail_later "compute-sanitizer memcheck reported memory errors" ;;
+    124 | 137) fail_later "compute-sanitizer memcheck timed out" ;;
+    125) fail_later "compute-sanitizer memcheck not run: no time left" ;;
+    *) fail_later "a test failed under compute-sanitizer memcheck (exit $rc; memcheck itself found no error)" ;;
+  esac
 else
   echo "compute-sanitizer not found: memcheck not run"
 fi

@@ -19,6 +19,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/host_flag.cuh"
+#include "kernels/cuda/reduce.cuh"
 #include "runtime/cuda_local.h"
 
 namespace chorus::cuda_stream {
@@ -258,8 +259,18 @@ bool is_device_pointer(const void* p) {
   if (get == nullptr) return false;
   // Device memory (managed memory too, where the driver reports it as device memory: staging handles it as well).
   unsigned int type = 0;
-  if (get(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return false;
-  return type == CU_MEMORYTYPE_DEVICE;
+  const CUresult r = get(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p));
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    // A thread without a current context (a fresh thread) where the driver wants one: the runtime's query binds
+    // the primary context, as this thread's first runtime call would anyway.
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  }
+  return r == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE;
 }
 
 namespace {
@@ -343,6 +354,22 @@ void point_into(CollArgs& a, const StagingPlan& plan, std::byte* st) {
   }
 }
 
+// Loads every kernel a call may launch on `device`, once per process, before this process's first call there
+// enqueues anything (reduce.cuh, load_kernels: a lazy first load could wait for a stream that waits for a peer).
+void load_kernels_once(int device) {
+  static std::atomic<uint64_t> loaded{0};  // bit d: device d (devices 64 and up are loaded on every call)
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (loaded.load(std::memory_order_acquire) & bit) != 0) return;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (bit != 0 && (loaded.load(std::memory_order_relaxed) & bit) != 0) return;
+  OnDevice on(device);
+  RelaxedCapture relaxed;
+  kernels::cuda::load_kernels();
+  kernels::cuda::load_wait_host_flag_kernel();
+  loaded.fetch_or(bit, std::memory_order_release);
+}
+
 }  // namespace
 
 void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
@@ -357,6 +384,7 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
   // messages with its peers, as on the host, so it posts the call.
   const bool sizes_per_rank = p2p || a.coll == algo::Coll::AllToAllv || a.coll == algo::Coll::Barrier;
   if (plan.in.empty() && plan.out.empty() && !sizes_per_rank) return;
+  load_kernels_once(stream_device(user_stream));
   // Ranks that are threads of this process, or processes on this GPU, read each other's device buffers directly.
   if (!p2p && cuda_local::applies(comm, a, user_stream) && cuda_local::enqueue(comm, a, user_stream)) return;
   // The wait kernel (and the staging's pool) belong to the stream's device.
@@ -377,15 +405,16 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
   uint32_t* flag = op->staging->flag;
   op->recv = plan.recv_bytes > 0 ? st + plan.recv_off : nullptr;
   op->recv_bytes = plan.recv_bytes;
-  // Everything that can fail without running the call, before anything that commits to it.
-  cudaGraph_t graph = nullptr;
-  if (capturing) check(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph), "cudaStreamGetCaptureInfo");
-  if (!capturing) op->place = comm.reserve(completion(flag, op->recv, op->recv_bytes));
-
-  bool posted = false;
+  bool copying = false, posted = false;
   try {
-    for (const Segment& g : plan.in)
+    // Everything that can fail without running the call, before anything that commits to it.
+    cudaGraph_t graph = nullptr;
+    if (capturing) check(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph), "cudaStreamGetCaptureInfo");
+    if (!capturing) op->place = comm.reserve(completion(flag, op->recv, op->recv_bytes));
+    for (const Segment& g : plan.in) {
+      copying = true;  // from here a copy may be writing into the staging
       check(cudaMemcpyAsync(st + g.off, g.dev, g.bytes, cudaMemcpyDeviceToHost, stream), "staging in");
+    }
     check(cudaLaunchHostFunc(stream, post_call, op.get()), "cudaLaunchHostFunc (post)");
     posted = true;
     kernels::cuda::wait_host_flag(op->staging->flag_dev, 1, stream);
@@ -406,9 +435,10 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
     // After, the host function still runs the call on this rank while the stream may not wait for it or copy its
     // result: the communicator is broken (later calls fail with this error rather than mismatch), and the Op stays
     // alive for the host function.
+    // A staging that a copy may still be writing into is not given back (leaked, on this error path only).
     if (!posted) {
       if (op->place) comm.cancel(op->place);
-      pool().give(op->staging);
+      if (!copying) pool().give(op->staging);
     } else {
       comm.break_with(e);
       op.release();

@@ -66,7 +66,11 @@ bool is_nan(chorusDataType_t dtype, const std::byte* p) {
     case chorusBfloat16: return (b & 0x7fff) > 0x7f80;
     case chorusFloat32: return (b & 0x7fffffffu) > 0x7f800000u;
     case chorusFloat64: return (b & 0x7fffffffffffffffull) > 0x7ff0000000000000ull;
-    default: return false;  // integers; fp8 NaN codes are compared exactly
+    // fp8: either sign. A NaN result's sign is the hardware's (x86 gives its invalid-operation NaN the sign bit,
+    // the GPU's canonical NaN has none), and the stores keep it.
+    case chorusFloat8e4m3: return (b & 0x7f) == 0x7f;
+    case chorusFloat8e5m2: return (b & 0x7f) > 0x7c;
+    default: return false;  // integers
   }
 }
 

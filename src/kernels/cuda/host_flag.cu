@@ -25,4 +25,9 @@ void wait_host_flag(const uint32_t* flag_dev, uint32_t value, cudaStream_t strea
         "wait_host_flag: cudaLaunchKernel");
 }
 
+void load_wait_host_flag_kernel() {
+  cudaFuncAttributes attr{};
+  check(cudaFuncGetAttributes(&attr, wait_host_flag_kernel), "cudaFuncGetAttributes (loading wait_host_flag)");
+}
+
 }  // namespace chorus::kernels::cuda

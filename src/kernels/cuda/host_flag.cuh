@@ -25,4 +25,7 @@ namespace chorus::kernels::cuda {
 // Thread-safety: any thread; the flag is the caller's to set.
 void wait_host_flag(const uint32_t* flag_dev, uint32_t value, cudaStream_t stream);
 
+// Loads the waiting kernel into the current context ahead of its first launch (see load_kernels in reduce.cuh).
+void load_wait_host_flag_kernel();
+
 }  // namespace chorus::kernels::cuda

@@ -349,6 +349,32 @@ void launch_copy(void* dst, const void* src, size_t n, const Params<F>& p, cudaS
   check(cudaGetLastError(), "copy kernel launch");
 }
 
+// Loads one kernel into the current context (lazy loading would load it at its first launch).
+template <typename Kernel>
+void load(Kernel kernel) {
+  cudaFuncAttributes attr{};
+  check(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes (loading a kernel)");
+}
+
+template <class F, ReduceKind K>
+void load_reduce_kernels() {
+  load(&reduce_kernel<F, K, false, false>);
+  load(&reduce_kernel<F, K, false, true>);
+  load(&reduce_kernel<F, K, true, false>);
+  load(&reduce_kernel<F, K, true, true>);
+}
+
+template <class F>
+void load_format_kernels() {
+  load_reduce_kernels<F, ReduceKind::Sum>();
+  load_reduce_kernels<F, ReduceKind::Prod>();
+  load_reduce_kernels<F, ReduceKind::Max>();
+  load_reduce_kernels<F, ReduceKind::Min>();
+  load(&copy_kernel<F, true, true>);
+  load(&copy_kernel<F, true, false>);
+  load(&copy_kernel<F, false, true>);
+}
+
 struct Call {
   void* dst;
   const void* a;
@@ -462,6 +488,21 @@ void reduce(const ReduceSpec& spec, void* dst, const void* a, const void* b, siz
   check_alias(dst, a, n * elem, "cuda reduce: dst partially overlaps a");
   check_alias(dst, b, n * elem, "cuda reduce: dst partially overlaps b");
   dispatch(spec, {dst, a, b, n, spec.premul && b_is_input, final && spec.avg_divisor > 1, stream});
+}
+
+void load_kernels() {
+  load_format_kernels<Integer<int8_t>>();
+  load_format_kernels<Integer<uint8_t>>();
+  load_format_kernels<Integer<int32_t>>();
+  load_format_kernels<Integer<uint32_t>>();
+  load_format_kernels<Integer<int64_t>>();
+  load_format_kernels<Integer<uint64_t>>();
+  load_format_kernels<Half>();
+  load_format_kernels<NativeFloat<float>>();
+  load_format_kernels<NativeFloat<double>>();
+  load_format_kernels<Bf16>();
+  load_format_kernels<E4M3>();
+  load_format_kernels<E5M2>();
 }
 
 void copy(const ReduceSpec& spec, void* dst, const void* src, size_t n, bool src_is_input, bool final,

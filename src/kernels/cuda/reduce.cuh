@@ -36,4 +36,11 @@ void reduce(const ReduceSpec& spec, void* dst, const void* a, const void* b, siz
 void copy(const ReduceSpec& spec, void* dst, const void* src, size_t n, bool src_is_input, bool final,
           cudaStream_t stream);
 
+// Loads every kernel reduce() and copy() can launch into the current context. Under lazy loading (the CUDA 12.2+
+// default) a kernel is otherwise loaded at its first launch, and loading may wait for the whole context: a first
+// launch while another stream of the context is held (a waiting kernel, a blocked host function) could wait forever
+// (CUDA Programming Guide, "Lazy Loading", potential hazards). Thread-safety: any thread; idempotent.
+// Throws chorus::Error(chorusUnhandledCudaError) when CUDA refuses.
+void load_kernels();
+
 }  // namespace chorus::kernels::cuda
