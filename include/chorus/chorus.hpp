@@ -191,7 +191,8 @@ class Comm {
     if (c_) chorusCommAbort(std::exchange(c_, nullptr));
   }
 
-  // Sizes are element counts of the spans: all_reduce: in.size() == out.size(); all_gather: out = size() * in;
+  // Sizes are element counts of the spans: all_reduce: in.size() == out.size(); reduce: the same on the root (out is
+  // not touched elsewhere); all_gather: out = size() * in;
   // reduce_scatter: in = size() * out; all_to_all: in.size() == out.size() == size() * per-peer count; all_to_allv:
   // per-peer counts and displacements.
   template <typename T>
@@ -212,6 +213,8 @@ class Comm {
   }
   template <typename T>
   void reduce(std::span<const T> in, std::span<T> out, int root, Op op = Op::Sum, const CallOptions& opt = {}) {
+    // Only the root writes `out`; elsewhere it may be empty.
+    expect(rank() != root || out.size() == in.size(), "reduce: on the root, in and out sizes differ");
     const chorusCollOptions_t o = opt.c();
     check(chorusReduceEx(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), root, &o, c_, nullptr), c_);
   }

@@ -141,6 +141,21 @@ TEST(Launcher, ChorusrunPrefixesLinesAndFailsWhenARankFails) {
   EXPECT_NE(r.out.find("rank 1 exited with code 7"), std::string::npos) << r.out;
 }
 
+TEST(Faults, AFullDevShmIsAnErrorNotABusError) {
+  // A 1 MiB /dev/shm in a mount namespace of its own (root only), and FIFOs that need 16 MiB per pair: init's first
+  // collective must fail naming /dev/shm on every rank; it used to size the segment sparse and die of SIGBUS when
+  // a page could not be backed.
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (a private mount of /dev/shm)";
+  Result r = run(std::string("unshare -m sh -c 'mount --make-rprivate / && mount -t tmpfs -o size=1m tmpfs /dev/shm && "
+                             "CHORUS_TRANSPORTS=shm CHORUS_SLICE_BYTES=2M ") +
+                 CHORUSRUN + " -n 2 --timeout 60 " + MP_WORKER + " smoke'");
+  if (r.out.find("mount") != std::string::npos && r.out.find("chorus") == std::string::npos)
+    GTEST_SKIP() << "cannot mount a private /dev/shm here: " << r.out;
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("signal"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("/dev/shm is full"), std::string::npos) << r.out;
+}
+
 // The pids of `pid`'s children (Linux: /proc/PID/task/PID/children).
 std::vector<pid_t> children_of(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");

@@ -788,6 +788,14 @@ TEST(CppApi, CommAndRequests) {
       req.wait();
       EXPECT_EQ(full[11], 2);
       EXPECT_THROW(comm.all_gather(std::span<const int32_t>(shard), std::span<int32_t>(shard)), chorus::CommError);
+      // Reduce: the root's out must match in (it was written past its end); out is not touched elsewhere.
+      std::vector<double> short_out(2, -1.0), sum(10, -1.0);
+      if (r == 1) {
+        EXPECT_THROW(comm.reduce(std::span<const double>(x), std::span<double>(short_out), 1), chorus::CommError);
+        EXPECT_EQ(short_out, std::vector<double>(2, -1.0));
+      }
+      comm.reduce(std::span<const double>(x), r == 1 ? std::span<double>(sum) : std::span<double>(), 1);
+      if (r == 1) EXPECT_EQ(sum, std::vector<double>(10, 9.0));
       // A per-call algorithm.
       std::vector<float> y(1000, static_cast<float>(r + 1));
       comm.all_reduce(std::span<float>(y), chorus::Op::Sum, chorus::CallOptions{"tree"});

@@ -54,12 +54,17 @@ class ShmTransport : public Transport {
     const size_t one = SlotFifo::region_bytes(s.slot_bytes, s.fifo_depth);
     int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) throw Error(chorusSystemError, Subsys::Transport, cat("shm: shm_open ", name, ": ", errno_text()));
-    if (ftruncate(fd, static_cast<off_t>(2 * one)) != 0) {
-      int e = errno;
+    // Allocated now, not sized sparse (ftruncate): a full /dev/shm is an error here instead of a SIGBUS at the
+    // first touch of a page it cannot back (Docker's default /dev/shm is 64 MiB).
+    if (int e = posix_fallocate(fd, 0, static_cast<off_t>(2 * one)); e != 0) {
       close(fd);
       shm_unlink(name.c_str());
       throw Error(chorusSystemError, Subsys::Transport,
-                  cat("shm: cannot size ", name, " to ", 2 * one, " bytes: ", std::strerror(e)));
+                  cat("shm: cannot allocate ", 2 * one, " bytes for ", name, " (FIFOs to rank ", s.peer,
+                      "): ", std::strerror(e),
+                      e == ENOSPC ? " (/dev/shm is full: enlarge it, e.g. docker --shm-size, or lower "
+                                    "CHORUS_SLICE_BYTES / CHORUS_FIFO_DEPTH)"
+                                  : ""));
     }
     std::shared_ptr<Mapping> m;
     try {
