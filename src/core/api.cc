@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -23,6 +24,9 @@
 // reported (chorusInvalidUsage) instead of reading freed memory, without a global lookup on every call.
 struct chorusComm {
   std::atomic<chorus::CommImpl*> impl{nullptr};
+  // API calls inside this communicator now (Live): a retired communicator is freed once the calls that found it
+  // live have left, so chorusCommAbort from a watchdog thread never frees what another thread is using.
+  std::atomic<int> users{0};
   int rank = -1;  // the rank, kept after destroy (the handle is never freed): error texts name it
   std::mutex err_mu;
   std::string last_error;
@@ -67,13 +71,28 @@ chorusResult_t guarded(chorusComm* comm, F&& f) {
   }
 }
 
-CommImpl& live(chorusComm* comm) {
-  if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
-  CommImpl* impl = comm->impl.load(std::memory_order_acquire);
-  if (impl == nullptr)
-    throw Error(chorusInvalidUsage, Subsys::Core, "comm is not a live communicator (used after destroy?)");
-  return *impl;
-}
+// One API call's use of a communicator (see chorusComm::users). Sequentially consistent with retire(): either the
+// call sees the communicator retired, or retire() sees the call and waits for it.
+class Live {
+ public:
+  explicit Live(chorusComm* comm) : comm_(comm) {
+    if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
+    comm->users.fetch_add(1);
+    impl_ = comm->impl.load();
+    if (impl_ == nullptr) {
+      comm->users.fetch_sub(1);
+      throw Error(chorusInvalidUsage, Subsys::Core, "comm is not a live communicator (used after destroy?)");
+    }
+  }
+  ~Live() { comm_->users.fetch_sub(1); }
+  Live(const Live&) = delete;
+  Live& operator=(const Live&) = delete;
+  CommImpl& operator*() const { return *impl_; }
+
+ private:
+  chorusComm* comm_;
+  CommImpl* impl_ = nullptr;
+};
 
 chorusComm* wrap(std::unique_ptr<CommImpl> impl) {
   auto* c = new chorusComm;
@@ -83,9 +102,14 @@ chorusComm* wrap(std::unique_ptr<CommImpl> impl) {
 }
 
 // Frees the communicator and leaves the handle as a tombstone, kept in a list so it stays reachable (a deliberate
-// few bytes per destroyed communicator, not a leak).
+// few bytes per destroyed communicator, not a leak). The caller holds one Live of `comm`; of several threads that
+// retire it at once, one frees it, after every other call inside it has left (an aborted communicator's calls fail
+// at once; a call that races a destroy, which the API forbids, is waited for).
 void retire(chorusComm* comm) {
-  delete comm->impl.exchange(nullptr, std::memory_order_acq_rel);
+  CommImpl* impl = comm->impl.exchange(nullptr);
+  if (impl == nullptr) return;
+  while (comm->users.load() > 1) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  delete impl;
   static std::mutex mu;
   static auto* tombstones = new std::vector<chorusComm*>();
   std::lock_guard<std::mutex> lock(mu);
@@ -155,7 +179,8 @@ void run(CommImpl& c, CollArgs a, chorusStream_t stream) {
 chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
   stream = canonical(stream);
   return guarded(comm, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     no_stream_without_cuda(stream);
     if (t_group.depth > 0)
       throw Error(chorusInvalidUsage, Subsys::Core, "only chorusSend/chorusRecv may be called inside a group");
@@ -167,7 +192,8 @@ chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
 
 chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* request) {
   return guarded(comm, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
     if (t_group.depth > 0)
       throw Error(chorusInvalidUsage, Subsys::Core, "only chorusSend/chorusRecv may be called inside a group");
@@ -185,7 +211,8 @@ chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chor
                    chorusStream_t stream) {
   stream = canonical(stream);
   return guarded(comm, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     no_stream_without_cuda(stream);
     const P2POp op{is_send, peer, buf, count, dtype};
     CollArgs a;
@@ -294,7 +321,8 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
 
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm) {
   return guarded(comm, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     if (newcomm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "newcomm is NULL");
     CommImpl::Guard guard(c);
     auto impl = c.split(color, key);
@@ -304,9 +332,10 @@ chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm
 
 chorusResult_t chorusCommDestroy(chorusComm_t comm) {
   return guarded(nullptr, [&] {
+    const Live use(comm);
     {
       // Refused while another thread is inside a call on this communicator.
-      CommImpl::Guard guard(live(comm));
+      CommImpl::Guard guard(*use);
     }
     retire(comm);
   });
@@ -314,7 +343,8 @@ chorusResult_t chorusCommDestroy(chorusComm_t comm) {
 
 chorusResult_t chorusCommAbort(chorusComm_t comm) {
   return guarded(nullptr, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     c.abort();
     retire(comm);
   });
@@ -322,7 +352,8 @@ chorusResult_t chorusCommAbort(chorusComm_t comm) {
 
 chorusResult_t chorusCommCount(const chorusComm_t comm, int* count) {
   return guarded(comm, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     if (count == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "count is NULL");
     *count = c.nranks();
   });
@@ -330,7 +361,8 @@ chorusResult_t chorusCommCount(const chorusComm_t comm, int* count) {
 
 chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank) {
   return guarded(comm, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     if (rank == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "rank is NULL");
     *rank = c.rank();
   });
@@ -338,7 +370,8 @@ chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank) {
 
 chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError) {
   return guarded(comm, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     if (asyncError == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "asyncError is NULL");
     std::string text;
     *asyncError = c.async_error(&text);
@@ -349,7 +382,8 @@ chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncE
 chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, chorusDataType_t datatype,
                                           chorusScalarResidence_t residence, chorusComm_t comm) {
   return guarded(comm, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     if (op == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "op is NULL");
     if (residence == chorusScalarDevice)
       throw Error(chorusNotSupported, Subsys::Core, "residence=chorusScalarDevice needs a CUDA build");
@@ -362,7 +396,8 @@ chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, choru
 
 chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm) {
   return guarded(comm, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     CommImpl::Guard guard(c);
     c.destroy_premul(op);
   });
@@ -538,7 +573,8 @@ chorusResult_t alltoallv_args(CollArgs& a, chorusComm* comm, const void* sendbuf
                               const size_t* sdispls, void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
                               chorusDataType_t datatype) {
   return guarded(comm, [&] {
-    CommImpl& c = live(comm);
+    const Live use(comm);
+    CommImpl& c = *use;
     size_t n = static_cast<size_t>(c.nranks());
     if (!sendcounts || !sdispls || !recvcounts || !rdispls)
       throw Error(chorusInvalidArgument, Subsys::Core, "sendcounts, sdispls, recvcounts and rdispls must not be NULL");
@@ -599,7 +635,8 @@ chorusResult_t chorusGroupEnd(void) {
   chorusResult_t result = chorusSuccess;
   for (chorusComm* comm : order) {
     chorusResult_t r = guarded(comm, [&] {
-      CommImpl& c = live(comm);
+      const Live use(comm);
+      CommImpl& c = *use;
       CollArgs a;
       a.coll = algo::Coll::SendRecv;
       chorusStream_t stream = nullptr;  // the same for every call of this communicator (checked when added)

@@ -305,6 +305,56 @@ TEST(Communicator, UseAfterDestroyIsAnError) {
   EXPECT_EQ(chorusCommDestroy(c), chorusInvalidUsage);
 }
 
+TEST(Communicator, AbortFromAnotherThreadRacesCallsDestroyAndAbortSafely) {
+  // chorusCommAbort may be called from any thread: against a loop of calls (which end with an error, then
+  // chorusInvalidUsage, never a use after free: run under ASan), against a second abort, against a destroy (no
+  // hang). 2-rank communicators, so calls really wait.
+  for (int mode = 0; mode < 3; ++mode) {
+    for (int it = 0; it < 20; ++it) {
+      chorusUniqueId id;
+      ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+      chorusComm_t c[2] = {nullptr, nullptr};
+      std::thread peer([&] { ASSERT_EQ(chorusCommInitRank(&c[1], 2, id, 1), chorusSuccess); });
+      ASSERT_EQ(chorusCommInitRank(&c[0], 2, id, 0), chorusSuccess);
+      peer.join();
+      std::atomic<bool> go{false};
+      std::vector<std::thread> threads;
+      if (mode == 0) {
+        // Rank 1 loops all-reduces with rank 0's loop; a watchdog aborts rank 0 while both are busy.
+        for (int r = 0; r < 2; ++r)
+          threads.emplace_back([&, r] {
+            std::vector<float> x(64, 1.0f);
+            while (!go) std::this_thread::yield();
+            for (int k = 0; k < 2000; ++k) {
+              const chorusResult_t rc =
+                  chorusAllReduce(x.data(), x.data(), 64, chorusFloat32, chorusSum, c[r], nullptr);
+              if (rc == chorusInvalidUsage) break;       // rank 0's handle after the abort
+              if (rc != chorusSuccess && r == 1) break;  // rank 1 sees rank 0 fail
+              ASSERT_TRUE(rc == chorusSuccess || r == 0) << rc;
+            }
+          });
+        threads.emplace_back([&, it] {
+          while (!go) std::this_thread::yield();
+          std::this_thread::sleep_for(std::chrono::microseconds(50 + it * 37));
+          EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess);
+        });
+      } else {
+        for (int k = 0; k < 2; ++k)
+          threads.emplace_back([&, k] {
+            while (!go) std::this_thread::yield();
+            const chorusResult_t rc = (mode == 2 && k == 1) ? chorusCommDestroy(c[0]) : chorusCommAbort(c[0]);
+            EXPECT_TRUE(rc == chorusSuccess || rc == chorusInvalidUsage) << rc;
+          });
+      }
+      go = true;
+      for (auto& t : threads) t.join();
+      float v = 1;
+      EXPECT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c[0], nullptr), chorusInvalidUsage);
+      chorusCommAbort(c[1]);
+    }
+  }
+}
+
 TEST(Communicator, RankAndSize) {
   World& w = World::get(3);
   w.run([&](int r, chorusComm_t c) {
