@@ -258,6 +258,19 @@ Options parse(int argc, char** argv) {
   if (o.hybrid && o.shard_group > 0) throw UsageError("--hybrid and --shard-group exclude each other");
   if (o.eval_every < 0 || o.ckpt_every < 0 || o.keep < 1)
     throw UsageError("--eval-every and --ckpt-every must be >= 0, --keep >= 1");
+  const TrainConfig& t = o.train;
+  if (!(t.lr > 0) || !std::isfinite(t.lr) || t.lr > 10)
+    throw UsageError("--lr " + std::to_string(t.lr) + " must be in (0, 10]");
+  if (!(t.min_lr >= 0) || t.min_lr > t.lr)
+    throw UsageError("--min-lr " + std::to_string(t.min_lr) + " must be in [0, --lr]");
+  if (t.warmup < 0) throw UsageError("--warmup must be >= 0");
+  if (!(t.clip >= 0) || !std::isfinite(t.clip)) throw UsageError("--clip must be >= 0 (0: no clipping)");
+  if (!(t.adam.weight_decay >= 0) || !std::isfinite(t.adam.weight_decay))
+    throw UsageError("--weight-decay must be >= 0");
+  if (!(t.aux_weight >= 0) || !std::isfinite(t.aux_weight)) throw UsageError("--aux-weight must be >= 0");
+  if (t.batch > 0 && t.eval_seqs < t.batch)
+    throw UsageError("--eval-seqs " + std::to_string(t.eval_seqs) + " must be at least --batch " +
+                     std::to_string(t.batch) + " (validation runs whole global batches)");
   return o;
 }
 

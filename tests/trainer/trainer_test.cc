@@ -553,4 +553,15 @@ TEST_F(Cli, CompressTakesACodecAndNeedsSeveralRanks) {
   EXPECT_NE(r.out.find("gradients int8 (quantize-once)"), std::string::npos) << r.out;
 }
 
+TEST_F(Cli, NonsensicalHyperParametersAreRefusedNamingTheFlag) {
+  // --lr 1e30 used to train to NaN and exit 0; --eval-seqs below --batch gave a wrong "split too small" error.
+  for (const char* flags : {"--lr -1", "--lr 1e30", "--min-lr 1", "--warmup -5", "--clip -1", "--weight-decay -10",
+                            "--aux-weight -1", "--eval-seqs 2 --batch 8"}) {
+    Result r = trainer(0, "run", flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
+    const std::string flag = std::string(flags).substr(0, std::string(flags).find(' '));
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flags << ": " << r.out;
+  }
+}
+
 }  // namespace
