@@ -13,4 +13,8 @@ LD_LIBRARY_PATH="$libdir" "$tmp/cmake-build/consumer"
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 cc "$src/tests/install/consumer.c" -o "$tmp/consumer-pc" $(pkg-config --cflags --libs chorus) -Wl,-rpath,"$libdir"
 "$tmp/consumer-pc"
+# An installed program that links libchorus starts from any prefix without LD_LIBRARY_PATH (its RUNPATH).
+if [ -x "$tmp/prefix/bin/chorus-trainer" ]; then
+  env -u LD_LIBRARY_PATH "$tmp/prefix/bin/chorus-trainer" --help > /dev/null
+fi
 echo "install: find_package and pkg-config consumers passed"
