@@ -307,7 +307,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (pid == 0) {
-      setpgid(0, 0);  // its own group, so stopping a rank stops what it started too
+      signal(SIGPIPE, SIG_DFL);  // the launcher ignores it; a rank starts with the default, as from a shell
+      setpgid(0, 0);             // its own group, so stopping a rank stops what it started too
       // A launcher killed outright (SIGKILL: nothing of it runs) takes its ranks with it, instead of leaving them
       // running unwatched. Checked after the request, in case it died before.
       prctl(PR_SET_PDEATHSIG, SIGKILL);

@@ -156,6 +156,18 @@ TEST(Faults, AFullDevShmIsAnErrorNotABusError) {
   EXPECT_NE(r.out.find("/dev/shm is full"), std::string::npos) << r.out;
 }
 
+TEST(Launcher, RanksStartWithTheDefaultSigpipe) {
+  // chorusrun ignores SIGPIPE itself; its ranks must not inherit that (`yes | head -1` would then complain).
+  Result r = run(std::string(CHORUSRUN) + " -n 2 sh -c 'grep SigIgn /proc/self/status'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const std::string rank : {"[0] ", "[1] "}) {
+    const size_t at = r.out.find(rank + "SigIgn:");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const unsigned long long mask = std::stoull(r.out.substr(r.out.find(':', at) + 1, 20), nullptr, 16);
+    EXPECT_EQ(mask & (1ull << (SIGPIPE - 1)), 0u) << r.out;
+  }
+}
+
 // The pids of `pid`'s children (Linux: /proc/PID/task/PID/children).
 std::vector<pid_t> children_of(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
