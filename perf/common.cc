@@ -1177,6 +1177,11 @@ int perf_main(int argc, char** argv, const Collective& coll) {
   Options opts;
   const int parsed = parse_options(argc, argv, tool, &opts, !from_env || env_rank == 0);
   if (parsed >= 0) return parsed;
+  if (opts.compression != 0 && !coll.compressible()) {
+    if (!from_env || env_rank == 0)
+      std::fprintf(stderr, "%s: -Z/--compression: %s has no compressed form\n", name.c_str(), coll.name());
+    return 2;
+  }
   if (opts.timeout_s > 0) setenv("CHORUS_TIMEOUT_MS", std::to_string(int64_t{opts.timeout_s} * 1000).c_str(), 1);
 
   if (from_env) {

@@ -227,6 +227,10 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   EXPECT_NE(codec.out.find("-Z/--compression needs -d float"), std::string::npos) << codec.out;
   Result flag = run(tool + " -Q");
   EXPECT_EQ(flag.code, 2) << flag.out;
+  // Point-to-point has no compressed form: -Z used to run it uncompressed and report a codec error of 0.
+  Result p2p = run(std::string(SENDRECV_PERF) + " -t 2 -b 8 -e 64 -n 2 -w 1 -Z int8");
+  EXPECT_EQ(p2p.code, 2) << p2p.out;
+  EXPECT_NE(p2p.out.find("sendrecv has no compressed form"), std::string::npos) << p2p.out;
 }
 #endif
 
