@@ -72,7 +72,8 @@ std::vector<std::string> split_list(const std::string& s) {
 
 }  // namespace
 
-CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), nranks_(nranks), secret_(id.secret) {
+CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Topology* topology)
+    : rank_(rank), nranks_(nranks), secret_(id.secret) {
   if (nranks < 1) bad_arg(cat("nranks=", nranks, " must be at least 1"));
   if (rank < 0 || rank >= nranks) bad_arg(cat("rank=", rank, " is out of range [0, ", nranks, ")"));
   slice_bytes_ = static_cast<size_t>(param_int(Param::SliceBytes));
@@ -117,31 +118,41 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank) : rank_(rank), 
           " CHORUS_TOPO_FILE=", param_str(Param::TopoFile), " CHORUS_TUNE_FILE=", param_str(Param::TuneFile));
 
   bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_));
-  bootstrap_->set_status([this] {
-    Blob b(sizeof(uint64_t) + 1);
-    const uint64_t started = started_.load(std::memory_order_relaxed);
-    std::memcpy(b.data(), &started, sizeof(started));
-    b[sizeof(started)] = std::byte{activity_.load(std::memory_order_relaxed)};
-    return b;
-  });
-  for (const Blob& b : bootstrap_->peer_info()) peers_.push_back(PeerInfo::deserialize(b));
-  // Settings that choose programs, slot sizes or transports must agree, or ranks would run different programs.
-  for (const PeerInfo& p : peers_)
-    if (p.settings != self.settings)
-      throw Error(chorusInvalidUsage, Subsys::Core,
-                  cat("rank ", rank, ": settings differ between ranks: this rank has '", self.settings, "' but rank ",
-                      p.rank, " has '", p.settings, "'"));
-  // Spinning only pays when every rank on this host has a core: with more ranks than cores a spinning rank
-  // holds the core the rank it waits for needs, so sleep almost at once.
-  int local_ranks = 0;
-  for (const PeerInfo& p : peers_) local_ranks += p.host_id == peers_[rank].host_id ? 1 : 0;
-  cpu_set_t cpus;
-  int ncpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  oversubscribed_ = local_ranks > ncpus;
-  topo::Topology topology = make_topology();
-  if (rank == 0 && param_is_set(Param::TopoDumpFile)) topo::dump_file(topology, param_str(Param::TopoDumpFile));
-  selector_ = std::make_unique<algo::Selector>(std::move(topology), algo::SimOptions{slice_bytes_, fifo_depth_},
-                                               nchannels_, std::move(overrides));
+  // Past the rendezvous every peer's init succeeds; a failure here must reach them, or their first call would wait
+  // for this rank until the timeout.
+  try {
+    bootstrap_->set_status([this] {
+      Blob b(sizeof(uint64_t) + 1);
+      const uint64_t started = started_.load(std::memory_order_relaxed);
+      std::memcpy(b.data(), &started, sizeof(started));
+      b[sizeof(started)] = std::byte{activity_.load(std::memory_order_relaxed)};
+      return b;
+    });
+    for (const Blob& b : bootstrap_->peer_info()) peers_.push_back(PeerInfo::deserialize(b));
+    // Settings that choose programs, slot sizes or transports must agree, or ranks would run different programs.
+    for (const PeerInfo& p : peers_)
+      if (p.settings != self.settings)
+        throw Error(chorusInvalidUsage, Subsys::Core,
+                    cat("rank ", rank, ": settings differ between ranks: this rank has '", self.settings, "' but rank ",
+                        p.rank, " has '", p.settings, "'"));
+    // Spinning only pays when every rank on this host has a core: with more ranks than cores a spinning rank
+    // holds the core the rank it waits for needs, so sleep almost at once.
+    int local_ranks = 0;
+    for (const PeerInfo& p : peers_) local_ranks += p.host_id == peers_[rank].host_id ? 1 : 0;
+    cpu_set_t cpus;
+    int ncpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    oversubscribed_ = local_ranks > ncpus;
+    // A split's communicator takes its parent's view (the file describes the parent's ranks); only the first
+    // communicator dumps it.
+    topo::Topology view = topology ? *topology : make_topology();
+    if (rank == 0 && !topology && param_is_set(Param::TopoDumpFile))
+      topo::dump_file(view, param_str(Param::TopoDumpFile));
+    selector_ = std::make_unique<algo::Selector>(std::move(view), algo::SimOptions{slice_bytes_, fifo_depth_},
+                                                 nchannels_, std::move(overrides));
+  } catch (const std::exception& e) {
+    if (!bootstrap_->failed()) bootstrap_->report_failure(cat("rank ", rank, ": communicator init failed: ", e.what()));
+    throw;
+  }
   CHORUS_INFO(Core, "rank %d/%d: communicator %016llx ready (slice %zu bytes, fifo depth %d, %d channel(s)%s)", rank,
               nranks, static_cast<unsigned long long>(comm_id_), slice_bytes_, fifo_depth_, nchannels_,
               oversubscribed_ ? ", more ranks than cores: yielding" : "");
@@ -1274,7 +1285,10 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key) {
     if (id.size() != sizeof(raw)) throw Error(chorusInternalError, Subsys::Core, "split: malformed unique id");
     std::memcpy(&raw, id.data(), sizeof(raw));
   }
-  return std::make_unique<CommImpl>(decode_unique_id(raw), static_cast<int>(members.size()), new_rank);
+  std::vector<int> old_ranks;
+  for (const auto& m : members) old_ranks.push_back(m.second);
+  const topo::Topology view = selector_->topology().subset(old_ranks);
+  return std::make_unique<CommImpl>(decode_unique_id(raw), static_cast<int>(members.size()), new_rank, &view);
 }
 
 chorusRedOp_t CommImpl::create_premul(const void* scalar, chorusDataType_t dtype) {

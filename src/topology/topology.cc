@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -506,6 +507,36 @@ std::vector<int> Topology::host_of_rank() const {
   out.reserve(ranks.size());
   for (const RankPlace& p : ranks) out.push_back(p.host);
   return out;
+}
+
+Topology Topology::subset(const std::vector<int>& members) const {
+  Topology t;
+  t.links = links;
+  t.reduce_Bps = reduce_Bps;
+  t.copy_Bps = copy_Bps;
+  std::map<int, int> host_index;                  // old host -> new host
+  std::vector<std::map<int, int>> process_index;  // per new host: old process -> new process
+  std::vector<int> nlocal;                        // per new host: ranks placed so far
+  std::set<int> seen;
+  for (int m : members) {
+    if (m < 0 || m >= nranks() || !seen.insert(m).second)
+      throw Error(chorusInvalidArgument, Subsys::Topology,
+                  cat("topology subset: member ", m, " is out of range [0, ", nranks(), ") or repeated"));
+    const RankPlace& old = ranks[static_cast<size_t>(m)];
+    auto [it, added] = host_index.emplace(old.host, t.nhosts());
+    if (added) {
+      t.hosts.push_back(hosts[static_cast<size_t>(old.host)]);
+      process_index.emplace_back();
+      nlocal.push_back(0);
+    }
+    const auto h = static_cast<size_t>(it->second);
+    RankPlace place = old;
+    place.host = it->second;
+    place.local_rank = nlocal[h]++;
+    place.process = process_index[h].emplace(old.process, static_cast<int>(process_index[h].size())).first->second;
+    t.ranks.push_back(place);
+  }
+  return t;
 }
 
 void Topology::validate() const {

@@ -102,6 +102,10 @@ struct Topology {
   std::vector<int> ranks_of_host(int h) const;
   // rank -> host index, the shape hierarchical programs are generated from.
   std::vector<int> host_of_rank() const;
+  // The topology of a communicator made of `members` (ranks of this one; member i becomes rank i): the hosts they
+  // use, in order of first use, with local ranks and processes renumbered in rank order; costs and limits kept.
+  // Members must be distinct and in range (chorusInvalidArgument otherwise).
+  Topology subset(const std::vector<int>& members) const;
   // Throws chorusInvalidArgument when indices are out of range, a host has no ranks, or local ranks are not
   // 0..k-1 in rank order; also on empty or duplicate host ids, GPU or NUMA indices the host lacks, unknown NIC
   // kinds and negative costs (0 is allowed: unset until apply_default_costs). The message names the field:

@@ -168,6 +168,17 @@ TEST(Launcher, RanksStartWithTheDefaultSigpipe) {
   }
 }
 
+TEST(Faults, ARankWhoseInitFailsAfterTheRendezvousIsNamedNotWaitedFor) {
+  // Rank 0 alone writes the topology dump, after the rendezvous; an unwritable path fails its init. Rank 1's init
+  // had succeeded: its first call must fail naming rank 0 at once (it waited out the whole timeout).
+  Result r = run(std::string("CHORUS_TOPO_DUMP_FILE=/nonexistent-dir/topo.json CHORUS_TIMEOUT_MS=60000 ") + CHORUSRUN +
+                 " -n 2 --timeout 50 " + MP_WORKER + " smoke");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("[1] FAIL smoke"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0: communicator init failed"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("timed out"), std::string::npos) << r.out;
+}
+
 // The pids of `pid`'s children (Linux: /proc/PID/task/PID/children).
 std::vector<pid_t> children_of(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");

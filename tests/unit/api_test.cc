@@ -355,6 +355,29 @@ TEST(Communicator, AbortFromAnotherThreadRacesCallsDestroyAndAbortSafely) {
   }
 }
 
+TEST(Communicator, SplitUnderATopologyFileTakesItsParentsView) {
+  // CHORUS_TOPO_FILE describes the parent's 4 ranks; a 2-rank child used to re-read it and fail ("places 4 ranks
+  // but the communicator has 2").
+  setenv("CHORUS_TOPO_FILE", CHORUS_SOURCE_DIR "/topologies/emu-2x2.json", 1);
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r)
+    threads.emplace_back([&, r] {
+      chorusComm_t c = nullptr, child = nullptr;
+      ASSERT_EQ(chorusCommInitRank(&c, 4, id, r), chorusSuccess) << chorusGetLastError(nullptr);
+      ASSERT_EQ(chorusCommSplit(c, r % 2, r, &child), chorusSuccess) << chorusGetLastError(c);
+      std::vector<float> x(1000, static_cast<float>(r));
+      ASSERT_EQ(chorusAllReduce(x.data(), x.data(), x.size(), chorusFloat32, chorusSum, child, nullptr), chorusSuccess)
+          << chorusGetLastError(child);
+      EXPECT_EQ(x[999], r % 2 == 0 ? 2.0f : 4.0f);  // 0 + 2, 1 + 3
+      EXPECT_EQ(chorusCommDestroy(child), chorusSuccess);
+      EXPECT_EQ(chorusCommDestroy(c), chorusSuccess);
+    });
+  for (auto& t : threads) t.join();
+  unsetenv("CHORUS_TOPO_FILE");
+}
+
 TEST(Communicator, RankAndSize) {
   World& w = World::get(3);
   w.run([&](int r, chorusComm_t c) {

@@ -117,6 +117,28 @@ TEST(Topology, RanksOfHostAndHostOfRank) {
   EXPECT_EQ(u.host_of_rank(), (std::vector<int>{0, 1, 0}));
 }
 
+TEST(Topology, SubsetKeepsTheMembersPlacesRenumbered) {
+  const Topology t = sample();
+  // Members 5, 2, 3 (in that new rank order): host beta first, then alpha; local ranks and processes renumbered.
+  const Topology u = t.subset({5, 2, 3});
+  u.validate();
+  ASSERT_EQ(u.nranks(), 3);
+  ASSERT_EQ(u.nhosts(), 2);
+  EXPECT_EQ(u.hosts[0].name, "beta");
+  EXPECT_EQ(u.hosts[1].name, "alpha");
+  EXPECT_EQ(u.ranks[0], (RankPlace{0, 0, 0, 0, -1}));
+  EXPECT_EQ(u.ranks[1], (RankPlace{1, 0, 0, 0, -1}));
+  EXPECT_EQ(u.ranks[2], (RankPlace{1, 1, 1, 1, -1}));
+  EXPECT_EQ(u.links, t.links);
+  EXPECT_EQ(u.reduce_Bps, t.reduce_Bps);
+  // The links between members are the parent's.
+  EXPECT_EQ(u.link(0, 1), t.link(5, 2));
+  EXPECT_EQ(u.link(1, 2), t.link(2, 3));
+  EXPECT_EQ(t.subset({0, 1, 2, 3, 4, 5}), t);
+  error_of([&] { t.subset({1, 1}); });
+  error_of([&] { t.subset({6}); });
+}
+
 TEST(Topology, DefaultCosts) {
   Topology t;
   Host h;
