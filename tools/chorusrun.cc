@@ -28,6 +28,7 @@
 
 #include "bootstrap/socket.h"
 #include "bootstrap/unique_id.h"
+#include "transports/transports.h"
 
 namespace {
 
@@ -374,6 +375,10 @@ int main(int argc, char** argv) {
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
       for (int r = 0; r < n; ++r) {
         if (ranks[r].pid != pid) continue;
+        // A rank that died (or left without destroying its communicators) may leave shm segments nobody maps.
+        if (const int n_removed = chorus::remove_shm_segments_of(pid); n_removed > 0)
+          std::fprintf(stderr, "chorusrun: removed %d shared-memory segment(s) rank %d left in /dev/shm\n", n_removed,
+                       r);
         ranks[r].exited = true;
         ranks[r].status = status;
         --running;

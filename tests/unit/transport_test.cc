@@ -1,7 +1,9 @@
 // Transport-level tests that need no network: the peer info every rank publishes, the transport table, and the
 // UCX connection driven directly through the slot interface by two transports of this process (UCX over its shared
 // memory, and over tcp on loopback for the peer-failure case). Skipped where the build has no UCX.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +15,7 @@
 
 #include "core/error.h"
 #include "transports/transport.h"
+#include "transports/transports.h"
 
 namespace chorus {
 namespace {
@@ -29,6 +32,26 @@ TEST(PeerInfo, TransportCapsRoundTripAndAreBounded) {
   std::vector<std::byte> w = p.serialize();
   for (size_t n = 0; n < w.size(); ++n)
     EXPECT_THROW(PeerInfo::deserialize(std::vector<std::byte>(w.begin(), w.begin() + n)), Error) << n;
+}
+
+TEST(Transports, ALaunchersCleanupRemovesOnlyTheSegmentsOfTheEndedRank) {
+  // Names as the shm transport makes them: /chorus-<pid>-<n>-<hex>. Pids no process has (above pid_max) stand for
+  // the ended rank and another whose pid starts with the same digits (the prefix ends with '-').
+  const int gone = 4194305, other = 41943050;
+  const std::vector<std::string> mine = {"/chorus-4194305-0-ab", "/chorus-4194305-7-cd"};
+  const std::string theirs = "/chorus-41943050-0-ef";
+  for (const std::string& n : {mine[0], mine[1], theirs}) {
+    const int fd = shm_open(n.c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << n;
+    close(fd);
+  }
+  EXPECT_EQ(remove_shm_segments_of(gone), 2);
+  for (const std::string& n : mine) EXPECT_LT(shm_open(n.c_str(), O_RDWR, 0600), 0) << n;
+  const int fd = shm_open(theirs.c_str(), O_RDWR, 0600);
+  EXPECT_GE(fd, 0);
+  if (fd >= 0) close(fd);
+  EXPECT_EQ(remove_shm_segments_of(other), 1);
+  EXPECT_EQ(remove_shm_segments_of(gone), 0);
 }
 
 TEST(Transports, EveryNameIsKnownInPriorityOrderAndReported) {

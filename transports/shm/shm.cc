@@ -1,6 +1,7 @@
 // shm: processes on one host. The lower rank of a pair creates one POSIX shared-memory segment (mode 0600,
 // O_EXCL) holding a SlotFifo per direction and sends its name through the bootstrap; the higher rank maps it; once
 // both are connected the name is unlinked, so nothing is left in /dev/shm even if a process dies later.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include <map>
 #include <random>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -41,6 +43,9 @@ std::shared_ptr<Mapping> map_segment(int fd, size_t bytes, const std::string& na
   return m;
 }
 
+// The names of the segments process `pid` creates start with this (remove_shm_segments_of relies on it).
+std::string segment_prefix(int pid) { return cat("/chorus-", pid, "-"); }
+
 class ShmTransport : public Transport {
  public:
   const char* name() const override { return "shm"; }
@@ -50,7 +55,7 @@ class ShmTransport : public Transport {
     if (s.rank > s.peer) return {};
     static std::atomic<uint64_t> counter{0};
     std::random_device rd;
-    std::string name = cat("/chorus-", getpid(), "-", counter++, "-", std::hex, (uint64_t{rd()} << 32) | rd());
+    std::string name = cat(segment_prefix(getpid()), counter++, "-", std::hex, (uint64_t{rd()} << 32) | rd());
     const size_t one = SlotFifo::region_bytes(s.slot_bytes, s.fifo_depth);
     int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) throw Error(chorusSystemError, Subsys::Transport, cat("shm: shm_open ", name, ": ", errno_text()));
@@ -141,5 +146,19 @@ class ShmTransport : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> make_shm_transport() { return std::make_unique<ShmTransport>(); }
+
+int remove_shm_segments_of(int pid) {
+  // shm_open names live in /dev/shm on Linux (glibc), without the leading '/'.
+  const std::string prefix = segment_prefix(pid).substr(1);
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  std::vector<std::string> names;
+  while (const dirent* e = readdir(dir))
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.push_back(e->d_name);
+  closedir(dir);
+  int removed = 0;
+  for (const std::string& n : names) removed += shm_unlink(("/" + n).c_str()) == 0 ? 1 : 0;
+  return removed;
+}
 
 }  // namespace chorus
