@@ -40,7 +40,7 @@ constexpr const char* kUsage =
     "                     bfloat16 f8e4m3 f8e5m2\n"
     "  --topo FILE        topology file (JSON, docs/topology.md); default CHORUS_TOPO_FILE, else a synthetic\n"
     "                     cluster of --nranks ranks on --hosts hosts\n"
-    "  --nranks N         ranks of the synthetic cluster (default 8)\n"
+    "  --nranks N         ranks of the synthetic cluster (default 8, at most 8192)\n"
     "  --hosts H          hosts of the synthetic cluster (default 1; N must be a multiple of H)\n"
     "  --net-gbps X       synthetic hosts' shared network egress/ingress, GB/s (default 0: unlimited)\n"
     "  --tune FILE        link costs measured by chorus-tune; default CHORUS_TUNE_FILE\n"
@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
       tune_file = value;
       tune_given = true;
     } else if (flag == "--nranks") {
-      nranks = parse_int_flag(f, value, 1, 1 << 20);
+      // Programs hold every rank's steps (O(N^2) for ring and one-shot): 8192 ranks already take gigabytes.
+      nranks = parse_int_flag(f, value, 1, 8192);
       synthetic_given = true;
     } else if (flag == "--hosts") {
       hosts = parse_int_flag(f, value, 1, 1 << 20);
