@@ -134,7 +134,10 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm);
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm);
 /* Waits for outstanding operations, then frees the communicator. */
 chorusResult_t chorusCommDestroy(chorusComm_t comm);
-/* Stops outstanding operations (they fail) and frees the communicator; returns within a bounded time. */
+/* Stops outstanding operations (they fail) and frees the communicator; returns within a bounded time. From any
+ * thread, also while another thread is inside a call on comm: that call fails and returns, and the communicator is
+ * freed once it has left; later calls with the handle are chorusInvalidUsage. Aborting twice (or aborting while
+ * another thread destroys it) is safe: one frees it, the other gets chorusSuccess or chorusInvalidUsage. */
 chorusResult_t chorusCommAbort(chorusComm_t comm);
 chorusResult_t chorusCommCount(const chorusComm_t comm, int* count);
 chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank);
