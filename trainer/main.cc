@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chorus/chorus.hpp>
 #include <chrono>
 #include <cmath>
@@ -189,6 +190,7 @@ Options parse(int argc, char** argv) {
       {nullptr, 0, nullptr, 0},
   };
   opterr = 0;
+  bool min_lr_given = false, eval_seqs_given = false;
   int c;
   while ((c = getopt_long(argc, argv, "h", opts, nullptr)) != -1) {
     const char* name = c >= kData && c < kHelp ? opts[c - kData].name : "";
@@ -210,14 +212,20 @@ Options parse(int argc, char** argv) {
       case kSteps: o.train.steps = num_i(); break;
       case kBatch: o.train.batch = num_i(); break;
       case kLr: o.train.lr = num_f(); break;
-      case kMinLr: o.train.min_lr = num_f(); break;
+      case kMinLr:
+        o.train.min_lr = num_f();
+        min_lr_given = true;
+        break;
       case kWarmup: o.train.warmup = num_i(); break;
       case kWd: o.train.adam.weight_decay = num_f(); break;
       case kClip: o.train.clip = num_f(); break;
       case kAux: o.train.aux_weight = num_f(); break;
       case kSeed: o.train.seed = parse_number<uint64_t>(name, optarg); break;
       case kEvalEvery: o.eval_every = num_i(); break;
-      case kEvalSeqs: o.train.eval_seqs = num_i(); break;
+      case kEvalSeqs:
+        o.train.eval_seqs = num_i();
+        eval_seqs_given = true;
+        break;
       case kShardGroup: o.shard_group = num_i(); break;
       case kHybrid: o.hybrid = true; break;
       case kNoPrefetch: o.train.prefetch = false; break;
@@ -258,6 +266,9 @@ Options parse(int argc, char** argv) {
   if (o.hybrid && o.shard_group > 0) throw UsageError("--hybrid and --shard-group exclude each other");
   if (o.eval_every < 0 || o.ckpt_every < 0 || o.keep < 1)
     throw UsageError("--eval-every and --ckpt-every must be >= 0, --keep >= 1");
+  // Defaults follow the flags they depend on: the final rate never above the peak, validation at least one batch.
+  if (!min_lr_given) o.train.min_lr = std::min(o.train.min_lr, o.train.lr);
+  if (!eval_seqs_given) o.train.eval_seqs = std::max(o.train.eval_seqs, o.train.batch);
   const TrainConfig& t = o.train;
   if (!(t.lr > 0) || !std::isfinite(t.lr) || t.lr > 10)
     throw UsageError("--lr " + std::to_string(t.lr) + " must be in (0, 10]");

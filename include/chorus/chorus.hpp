@@ -186,7 +186,9 @@ class Comm {
     return Comm(n);
   }
   bool valid() const { return c_ != nullptr; }
-  // Local abort: outstanding work fails; peers see this rank as failed.
+  // Local abort: outstanding work fails; peers see this rank as failed. It clears this object's handle, so call it
+  // from the thread that uses the object; a watchdog thread calls chorusCommAbort(handle()) instead (chorus.h), and
+  // this object's later calls fail with CommError (chorusInvalidUsage).
   void abort() {
     if (c_) chorusCommAbort(std::exchange(c_, nullptr));
   }

@@ -150,6 +150,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
     selector_ = std::make_unique<algo::Selector>(std::move(view), algo::SimOptions{slice_bytes_, fifo_depth_},
                                                  nchannels_, std::move(overrides));
   } catch (const std::exception& e) {
+    bootstrap_->set_status(nullptr);  // its service thread must not read this half-built object
     if (!bootstrap_->failed()) bootstrap_->report_failure(cat("rank ", rank, ": communicator init failed: ", e.what()));
     throw;
   }

@@ -253,6 +253,49 @@ void require_device_buffer(const void* p, const char* name) {
                     "for every buffer; pass stream NULL and host buffers for a host call"));
 }
 
+namespace {
+
+// For a thread without a current context, where the driver wants one for the query: asks again from a device's
+// primary context that is already active (with unified addressing any context answers for every allocation). With
+// none active no runtime allocation exists, and none is created here (a context costs hundreds of MB of its
+// device's memory).
+bool asked_in_an_active_primary_context(const void* p, PointerGetAttributeFn get) {
+  using DeviceGetCountFn = CUresult(CUDAAPI*)(int*);
+  using DeviceGetFn = CUresult(CUDAAPI*)(CUdevice*, int);
+  using PrimaryStateFn = CUresult(CUDAAPI*)(CUdevice, unsigned int*, int*);
+  using PrimaryRetainFn = CUresult(CUDAAPI*)(CUcontext*, CUdevice);
+  using PrimaryReleaseFn = CUresult(CUDAAPI*)(CUdevice);
+  using CtxSetCurrentFn = CUresult(CUDAAPI*)(CUcontext);
+  static const auto count = reinterpret_cast<DeviceGetCountFn>(driver_entry_point("cuDeviceGetCount"));
+  static const auto device = reinterpret_cast<DeviceGetFn>(driver_entry_point("cuDeviceGet"));
+  static const auto state = reinterpret_cast<PrimaryStateFn>(driver_entry_point("cuDevicePrimaryCtxGetState"));
+  static const auto retain = reinterpret_cast<PrimaryRetainFn>(driver_entry_point("cuDevicePrimaryCtxRetain"));
+  static const auto release = reinterpret_cast<PrimaryReleaseFn>(driver_entry_point("cuDevicePrimaryCtxRelease"));
+  static const auto set_current = reinterpret_cast<CtxSetCurrentFn>(driver_entry_point("cuCtxSetCurrent"));
+  if (!count || !device || !state || !retain || !release || !set_current) return false;
+  int n = 0;
+  if (count(&n) != CUDA_SUCCESS) return false;
+  for (int i = 0; i < n; ++i) {
+    CUdevice dev = 0;
+    unsigned int flags = 0;
+    int active = 0;
+    if (device(&dev, i) != CUDA_SUCCESS || state(dev, &flags, &active) != CUDA_SUCCESS || !active) continue;
+    CUcontext ctx = nullptr;
+    if (retain(&ctx, dev) != CUDA_SUCCESS) continue;
+    unsigned int type = 0;
+    CUresult r = CUDA_ERROR_INVALID_CONTEXT;
+    if (set_current(ctx) == CUDA_SUCCESS) {
+      r = get(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p));
+      set_current(nullptr);  // the thread had no context: leave it so
+    }
+    release(dev);
+    return r == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool is_device_pointer(const void* p) {
   if (p == nullptr) return false;
   const PointerGetAttributeFn get = pointer_get_attribute();
@@ -260,16 +303,7 @@ bool is_device_pointer(const void* p) {
   // Device memory (managed memory too, where the driver reports it as device memory: staging handles it as well).
   unsigned int type = 0;
   const CUresult r = get(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p));
-  if (r == CUDA_ERROR_INVALID_CONTEXT) {
-    // A thread without a current context (a fresh thread) where the driver wants one: the runtime's query binds
-    // the primary context, as this thread's first runtime call would anyway.
-    cudaPointerAttributes attr{};
-    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-  }
+  if (r == CUDA_ERROR_INVALID_CONTEXT) return asked_in_an_active_primary_context(p, get);
   return r == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE;
 }
 

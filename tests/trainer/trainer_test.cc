@@ -562,6 +562,9 @@ TEST_F(Cli, NonsensicalHyperParametersAreRefusedNamingTheFlag) {
     const std::string flag = std::string(flags).substr(0, std::string(flags).find(' '));
     EXPECT_NE(r.out.find(flag), std::string::npos) << flags << ": " << r.out;
   }
+  // A peak rate below the default final rate (3e-4) takes the final rate down with it.
+  Result r = trainer(0, "run", "--lr 1e-4 --steps 1");
+  EXPECT_EQ(r.code, 0) << r.out;
 }
 
 }  // namespace

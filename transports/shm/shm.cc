@@ -61,7 +61,10 @@ class ShmTransport : public Transport {
     if (fd < 0) throw Error(chorusSystemError, Subsys::Transport, cat("shm: shm_open ", name, ": ", errno_text()));
     // Allocated now, not sized sparse (ftruncate): a full /dev/shm is an error here instead of a SIGBUS at the
     // first touch of a page it cannot back (Docker's default /dev/shm is 64 MiB).
-    if (int e = posix_fallocate(fd, 0, static_cast<off_t>(2 * one)); e != 0) {
+    int e = 0;
+    do e = posix_fallocate(fd, 0, static_cast<off_t>(2 * one));
+    while (e == EINTR);  // a signal (a profiler's SIGPROF) interrupts the allocation of a large segment
+    if (e != 0) {
       close(fd);
       shm_unlink(name.c_str());
       throw Error(chorusSystemError, Subsys::Transport,
