@@ -486,6 +486,17 @@ chorusResult_t CommImpl::async_error(std::string* text) const {
 void CommImpl::abort() {
   aborted_ = true;
   bootstrap_->abort();
+  {
+    // Places reserved for stream-ordered calls that were never posted fail now (their streams are released), so
+    // that nothing waits for a stream that may never get there: a call of another thread queued behind one, first.
+    std::lock_guard<std::mutex> lock(q_mu_);
+    for (Work& w : queue_)
+      if (!w.ready) {
+        w.ready = true;
+        w.aborted = true;
+      }
+    q_cv_.notify_all();
+  }
   // A call inside the communicator (another thread) sees the flag within a millisecond or so; wait for it to leave
   // so the caller may free the communicator.
   const auto me = std::this_thread::get_id();
@@ -495,23 +506,12 @@ void CommImpl::abort() {
     if (owner == std::thread::id{} || owner == me || leave.passed()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  {
-    std::lock_guard<std::mutex> lock(err_mu_);
-    if (broken_ == chorusSuccess) {
-      broken_ = chorusInvalidUsage;
-      broken_text_ = cat("rank ", rank_, ": communicator was aborted");
-      is_broken_.store(true, std::memory_order_release);
-    }
+  std::lock_guard<std::mutex> lock(err_mu_);
+  if (broken_ == chorusSuccess) {
+    broken_ = chorusInvalidUsage;
+    broken_text_ = cat("rank ", rank_, ": communicator was aborted");
+    is_broken_.store(true, std::memory_order_release);
   }
-  // Places reserved for stream-ordered calls that were never posted fail now (their streams are released), so that
-  // nothing waits for a stream that may never get there.
-  std::lock_guard<std::mutex> lock(q_mu_);
-  for (Work& w : queue_)
-    if (!w.ready) {
-      w.ready = true;
-      w.aborted = true;
-    }
-  q_cv_.notify_all();
 }
 
 Transport& CommImpl::choose_transport(int peer) {
