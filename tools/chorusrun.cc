@@ -131,12 +131,18 @@ int free_port() {
 }
 
 void flush_lines(int rank, Rank& r, bool final) {
+  // Bytes as written (a NUL byte included), each line behind its rank's prefix.
+  auto line = [rank](const char* text, size_t len) {
+    std::printf("[%d] ", rank);
+    std::fwrite(text, 1, len, stdout);
+    std::fputc('\n', stdout);
+  };
   size_t start = 0;
   for (size_t nl; (nl = r.partial.find('\n', start)) != std::string::npos; start = nl + 1)
-    std::printf("[%d] %.*s\n", rank, static_cast<int>(nl - start), r.partial.data() + start);
+    line(r.partial.data() + start, nl - start);
   r.partial.erase(0, start);
   if (final && !r.partial.empty()) {
-    std::printf("[%d] %s\n", rank, r.partial.c_str());
+    line(r.partial.data(), r.partial.size());
     r.partial.clear();
   }
   std::fflush(stdout);
