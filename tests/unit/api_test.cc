@@ -17,6 +17,15 @@
 namespace chorus::test {
 namespace {
 
+// A fresh communicator of 2 ranks, both in this process: rank 1 joins from a helper thread.
+void init_pair(chorusComm_t (&c)[2]) {
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  std::thread peer([&] { ASSERT_EQ(chorusCommInitRank(&c[1], 2, id, 1), chorusSuccess); });
+  ASSERT_EQ(chorusCommInitRank(&c[0], 2, id, 0), chorusSuccess);
+  peer.join();
+}
+
 // Sets an environment variable for one scope.
 struct ScopedEnv {
   ScopedEnv(const char* name, const char* value) : name_(name) {
@@ -311,12 +320,8 @@ TEST(Communicator, AbortFromAnotherThreadRacesCallsDestroyAndAbortSafely) {
   // hang). 2-rank communicators, so calls really wait.
   for (int mode = 0; mode < 3; ++mode) {
     for (int it = 0; it < 20; ++it) {
-      chorusUniqueId id;
-      ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
       chorusComm_t c[2] = {nullptr, nullptr};
-      std::thread peer([&] { ASSERT_EQ(chorusCommInitRank(&c[1], 2, id, 1), chorusSuccess); });
-      ASSERT_EQ(chorusCommInitRank(&c[0], 2, id, 0), chorusSuccess);
-      peer.join();
+      init_pair(c);
       std::atomic<bool> go{false};
       std::vector<std::thread> threads;
       if (mode == 0) {
@@ -358,7 +363,7 @@ TEST(Communicator, AbortFromAnotherThreadRacesCallsDestroyAndAbortSafely) {
 TEST(Communicator, SplitUnderATopologyFileTakesItsParentsView) {
   // CHORUS_TOPO_FILE describes the parent's 4 ranks; a 2-rank child used to re-read it and fail ("places 4 ranks
   // but the communicator has 2").
-  setenv("CHORUS_TOPO_FILE", CHORUS_SOURCE_DIR "/topologies/emu-2x2.json", 1);
+  ScopedEnv topo("CHORUS_TOPO_FILE", CHORUS_SOURCE_DIR "/topologies/emu-2x2.json");
   chorusUniqueId id;
   ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
   std::vector<std::thread> threads;
@@ -375,7 +380,6 @@ TEST(Communicator, SplitUnderATopologyFileTakesItsParentsView) {
       EXPECT_EQ(chorusCommDestroy(c), chorusSuccess);
     });
   for (auto& t : threads) t.join();
-  unsetenv("CHORUS_TOPO_FILE");
 }
 
 TEST(Communicator, RankAndSize) {
@@ -658,12 +662,8 @@ TEST(Collectives, MinMaxPropagateNaN) {
 }
 
 TEST(Threads, TwoThreadsOnOneCommunicatorIsReported) {
-  chorusUniqueId id;
-  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
   chorusComm_t c[2] = {nullptr, nullptr};
-  std::thread t1([&] { ASSERT_EQ(chorusCommInitRank(&c[1], 2, id, 1), chorusSuccess); });
-  ASSERT_EQ(chorusCommInitRank(&c[0], 2, id, 0), chorusSuccess);
-  t1.join();
+  init_pair(c);
   // Rank 0's communicator is driven by two threads at once while rank 1 is late: one of them must be refused.
   std::atomic<int> refused{0}, ok{0};
   std::vector<std::thread> users;
