@@ -130,7 +130,9 @@ chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId
  * (host:port) and CHORUS_SECRET (32 hex digits) override them. chorusrun sets the CHORUS_* ones. */
 chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm);
 /* Collective over `comm`: ranks with the same color form a new communicator, ordered by (key, old rank). A rank
- * passing CHORUS_SPLIT_NOCOLOR gets *newcomm = NULL. */
+ * passing CHORUS_SPLIT_NOCOLOR gets *newcomm = NULL. If any rank passes a bad argument (a negative color other than
+ * CHORUS_SPLIT_NOCOLOR, or a NULL newcomm), every rank returns chorusInvalidArgument (the others' error names it),
+ * no communicator is created and `comm` stays usable. */
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm);
 /* Waits for outstanding operations, then frees the communicator. */
 chorusResult_t chorusCommDestroy(chorusComm_t comm);

@@ -323,9 +323,8 @@ chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm
   return guarded(comm, [&] {
     const Live use(comm);
     CommImpl& c = *use;
-    if (newcomm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "newcomm is NULL");
     CommImpl::Guard guard(c);
-    auto impl = c.split(color, key);
+    auto impl = c.split(color, key, newcomm != nullptr);
     *newcomm = impl ? wrap(std::move(impl)) : nullptr;
   });
 }

@@ -1246,11 +1246,16 @@ void CommImpl::worker_loop() {
   }
 }
 
-std::unique_ptr<CommImpl> CommImpl::split(int color, int key) {
-  if (color < 0 && color != CHORUS_SPLIT_NOCOLOR)
-    bad_arg(cat("color=", color, " must be non-negative or CHORUS_SPLIT_NOCOLOR"));
+std::unique_ptr<CommImpl> CommImpl::split(int color, int key, bool has_newcomm) {
+  std::string refusal;
+  if (!has_newcomm)
+    refusal = "newcomm is NULL";
+  else if (color < 0 && color != CHORUS_SPLIT_NOCOLOR)
+    refusal = cat("color=", color, " must be non-negative or CHORUS_SPLIT_NOCOLOR");
   Deadline deadline = Deadline::after_ms(timeout_ms_);
-  int32_t mine[2] = {color, key};
+  // A rank with a bad argument still joins the exchange, flagged, so that its peers fail at once naming it instead
+  // of waiting for it until the timeout. Nobody creates a communicator then, and the parent stays usable.
+  int32_t mine[3] = {color, key, refusal.empty() ? 0 : 1};
   Blob blob(sizeof(mine));
   std::memcpy(blob.data(), mine, sizeof(mine));
   ActivityScope in_split(activity_, kInSplit);  // until the split ends: peers that ask meanwhile see it
@@ -1264,12 +1269,20 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key) {
     fail(timed_out);
     throw timed_out;
   }
+  if (!refusal.empty()) bad_arg(refusal);
   std::vector<std::pair<int32_t, int>> members;  // (key, old rank)
+  std::string refused;                           // "2, 5"
   for (int r = 0; r < nranks_; ++r) {
-    int32_t theirs[2];
+    int32_t theirs[3];
+    if (all[r].size() != sizeof(theirs)) throw Error(chorusInternalError, Subsys::Core, "split: malformed entry");
     std::memcpy(theirs, all[r].data(), sizeof(theirs));
+    if (theirs[2] != 0) refused += cat(refused.empty() ? "" : ", ", r);
     if (theirs[0] == color && color != CHORUS_SPLIT_NOCOLOR) members.push_back({theirs[1], r});
   }
+  if (!refused.empty())
+    throw Error(chorusInvalidArgument, Subsys::Core,
+                cat("chorusCommSplit: rank(s) ", refused,
+                    " passed an invalid argument (their own error says which); no communicator was created"));
   if (color == CHORUS_SPLIT_NOCOLOR) return nullptr;
   std::sort(members.begin(), members.end());
   int new_rank = 0;

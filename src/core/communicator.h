@@ -115,7 +115,7 @@ class CommImpl {
   Extents extents(const CollArgs& a) const;
 
   // New communicator of the ranks with the same color, ordered by (key, rank); nullptr for CHORUS_SPLIT_NOCOLOR.
-  std::unique_ptr<CommImpl> split(int color, int key);
+  std::unique_ptr<CommImpl> split(int color, int key, bool has_newcomm);
 
   chorusRedOp_t create_premul(const void* scalar, chorusDataType_t dtype);
   void destroy_premul(chorusRedOp_t op);

@@ -418,6 +418,29 @@ TEST(Communicator, SplitByColorAndKey) {
   });
 }
 
+TEST(Communicator, ASplitWithABadArgumentOnOneRankFailsOnEveryRankNamingIt) {
+  // Rank 2 passes a negative color, rank 3 a NULL newcomm: each gets its own error, and the others fail at once
+  // naming both instead of waiting for them until the timeout. Nothing is created, and the parent stays usable.
+  World& w = World::get(4);
+  w.run([&](int r, chorusComm_t c) {
+    chorusComm_t sub = nullptr;
+    const chorusResult_t rc = chorusCommSplit(c, r == 2 ? -7 : 0, r, r == 3 ? nullptr : &sub);
+    EXPECT_EQ(rc, chorusInvalidArgument);
+    EXPECT_EQ(sub, nullptr);
+    const std::string err = chorusGetLastError(c);
+    const char* expected = r == 2 ? "color=-7" : r == 3 ? "newcomm is NULL" : "rank(s) 2, 3 passed an invalid argument";
+    EXPECT_NE(err.find(expected), std::string::npos) << err;
+    int64_t v = r, sum = 0;
+    ASSERT_EQ(chorusAllReduce(&v, &sum, 1, chorusInt64, chorusSum, c, nullptr), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(sum, 0 + 1 + 2 + 3);
+    ASSERT_EQ(chorusCommSplit(c, r % 2, r, &sub), chorusSuccess) << chorusGetLastError(c);
+    ASSERT_EQ(chorusAllReduce(&v, &sum, 1, chorusInt64, chorusSum, sub, nullptr), chorusSuccess)
+        << chorusGetLastError(sub);
+    EXPECT_EQ(sum, r % 2 == 0 ? 0 + 2 : 1 + 3);
+    EXPECT_EQ(chorusCommDestroy(sub), chorusSuccess);
+  });
+}
+
 TEST(NonBlocking, RequestsCompleteInOrderAndOverlap) {
   World& w = World::get(3);
   w.run([&](int r, chorusComm_t c) {
