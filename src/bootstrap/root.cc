@@ -274,6 +274,7 @@ class RootService {
   // Nobody can join any more and every rank that joined has left or died.
   bool finished() const {
     if (phase_ == Phase::Gathering) return false;
+    if (phase_ == Phase::Failed && !failed_linger_.passed()) return false;
     return std::none_of(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& c) {
       return c->state == ConnState::Joined || c->state == ConnState::Rejected;
     });
@@ -475,15 +476,22 @@ class RootService {
     if (phase_ == Phase::Complete)
       return reject(chorusInvalidUsage, cat("rank ", rank, " cannot join: all ", nranks_,
                                             " ranks of the rendezvous at ", addr_, " have joined"));
+    // A join that contradicts the job (its size, or a rank already taken) means the launch is misconfigured and
+    // cannot complete: the joiner is refused and the rendezvous fails, so that the ranks already waiting, and any
+    // that come later, learn why at once instead of at the timeout.
+    auto refuse_job = [&](chorusResult_t code, const std::string& text) {
+      reject(code, text);
+      fail(-1, cat("a join from ", c.peer, " was refused: ", text));
+    };
     if (n <= 0 || n > kMaxRanks)
-      return reject(chorusInvalidArgument, cat("nranks=", n, " is out of range [1, ", kMaxRanks, "]"));
+      return refuse_job(chorusInvalidArgument, cat("nranks=", n, " is out of range [1, ", kMaxRanks, "]"));
     if (nranks_ != 0 && n != nranks_)
-      return reject(chorusInvalidArgument, cat("rank ", rank, " joined with nranks=", n, " but rank ", first_rank_,
-                                               " (first to join) joined with nranks=", nranks_));
+      return refuse_job(chorusInvalidArgument, cat("rank ", rank, " joined with nranks=", n, " but rank ", first_rank_,
+                                                   " (first to join) joined with nranks=", nranks_));
     if (rank < 0 || rank >= n)
-      return reject(chorusInvalidArgument, cat("rank ", rank, " is out of range for nranks=", n));
+      return refuse_job(chorusInvalidArgument, cat("rank ", rank, " is out of range for nranks=", n));
     if (nranks_ != 0 && joined_[rank])
-      return reject(chorusInvalidUsage, cat("rank ", rank, " has already joined (from ", rank_peer_[rank], ")"));
+      return refuse_job(chorusInvalidUsage, cat("rank ", rank, " has already joined (from ", rank_peer_[rank], ")"));
 
     if (nranks_ == 0) {
       nranks_ = n;
@@ -593,6 +601,14 @@ class RootService {
     if (phase_ == Phase::Gathering) {
       phase_ = Phase::Failed;
       failure_text_ = text;
+      // Ranks that join later are refused with the reason rather than finding nobody listening. Any rank of a
+      // launch that could have completed joins within one timeout of the others.
+      int64_t ms = 300000;
+      try {
+        ms = param_int(Param::TimeoutMs);
+      } catch (...) {
+      }
+      failed_linger_ = Deadline::after_ms(ms);
     }
     broadcast(make_buffer(MsgType::Failure, rank, -1, 0, text.data(), text.size()));
   }
@@ -731,6 +747,7 @@ class RootService {
   std::vector<std::string> rank_peer_;
   std::vector<std::vector<uint8_t>> join_blobs_;
   std::string failure_text_;
+  Deadline failed_linger_ = Deadline::after_ms(0);  // a failed rendezvous still refuses late joiners until then
   std::map<uint64_t, std::deque<Round>> rounds_;
   std::vector<int> overflowed_;
   Deadline accept_pause_ = Deadline::after_ms(0);

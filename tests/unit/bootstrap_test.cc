@@ -679,24 +679,33 @@ TEST(Bootstrap, BadRankOrNranksIsRefusedLocally) {
   }
 }
 
-TEST(Bootstrap, DuplicateRankAndNranksMismatchAreRefusedByTheRoot) {
-  UniqueIdData id = quick_root();
-  std::thread first([&] {
-    auto bs = Bootstrap::join(id, 0, 2, {}, Deadline::after_ms(5000));
-    bs->barrier(0, Deadline::after_ms(5000));
-  });
-  // Let rank 0 join first, so that it is the duplicate below and sets nranks.
-  std::this_thread::sleep_for(100ms);
-  Error dup = caught([&] { Bootstrap::join(id, 0, 2, {}, Deadline::after_ms(2000)); });
-  EXPECT_EQ(dup.code(), chorusInvalidUsage);
-  EXPECT_TRUE(contains(dup.what(), "rank 0 has already joined (from "));
-  Error mismatch = caught([&] { Bootstrap::join(id, 1, 3, {}, Deadline::after_ms(2000)); });
-  EXPECT_EQ(mismatch.code(), chorusInvalidArgument);
-  EXPECT_TRUE(contains(mismatch.what(), "joined with nranks=3 but rank 0 (first to join) joined with nranks=2"));
-  // The rendezvous survives both.
-  auto bs = Bootstrap::join(id, 1, 2, {}, Deadline::after_ms(5000));
-  bs->barrier(0, Deadline::after_ms(5000));
-  first.join();
+TEST(Bootstrap, ADuplicateRankOrANranksMismatchFailsTheRendezvousForEveryRankAtOnce) {
+  // The launch is misconfigured and cannot complete: the joiner is refused with the reason, and the rank already
+  // waiting, and one that comes later, fail at once with it instead of at the timeout.
+  struct Case {
+    int rank, nranks;
+    chorusResult_t code;
+    const char* text;
+  };
+  for (const Case& bad : {Case{0, 2, chorusInvalidUsage, "rank 0 has already joined (from "},
+                          Case{1, 3, chorusInvalidArgument,
+                               "rank 1 joined with nranks=3 but rank 0 (first to join) joined with nranks=2"}}) {
+    UniqueIdData id = quick_root();
+    std::string waiting_error;
+    std::thread first(
+        [&] { waiting_error = caught([&] { Bootstrap::join(id, 0, 2, {}, Deadline::after_ms(20000)); }).what(); });
+    // Let rank 0 join first, so that it is the duplicate below and sets nranks.
+    std::this_thread::sleep_for(100ms);
+    Error refused = caught([&] { Bootstrap::join(id, bad.rank, bad.nranks, {}, Deadline::after_ms(20000)); });
+    EXPECT_EQ(refused.code(), bad.code);
+    EXPECT_TRUE(contains(refused.what(), bad.text)) << refused.what();
+    first.join();
+    EXPECT_TRUE(contains(waiting_error, "failed: a join from ")) << waiting_error;
+    EXPECT_TRUE(contains(waiting_error, bad.text)) << waiting_error;
+    Error late = caught([&] { Bootstrap::join(id, 1, 2, {}, Deadline::after_ms(20000)); });
+    EXPECT_TRUE(contains(late.what(), "already failed")) << late.what();
+    EXPECT_TRUE(contains(late.what(), bad.text)) << late.what();
+  }
 }
 
 // Speaks the wire protocol directly, as a buggy or hostile (but authenticated) client would.
