@@ -34,10 +34,15 @@ namespace {
 
 constexpr const char* kNetnsDir = "/var/run/netns";
 
+// One of a rank's output streams: the read end of its pipe, and the bytes after its last newline.
+struct Stream {
+  int fd = -1;
+  std::string partial;
+};
+
 struct Rank {
   pid_t pid = -1;
-  int out_fd = -1;  // read end of the rank's stdout+stderr pipe
-  std::string partial;
+  Stream out, err;  // the rank's stdout and stderr, passed on to chorusrun's own
   bool exited = false;
   int status = 0;
 };
@@ -59,7 +64,8 @@ void usage(FILE* f) {
       "      --timeout SEC    stop every rank after SEC seconds (default: no limit)\n"
       "  -h, --help           this text\n"
       "Each rank gets CHORUS_RANK, CHORUS_NRANKS, CHORUS_LOCAL_RANK (its index on its host), CHORUS_ROOT_ADDR\n"
-      "and CHORUS_SECRET.\n");
+      "and CHORUS_SECRET. Each line a rank writes to stdout (stderr) goes to chorusrun's stdout (stderr) behind\n"
+      "its rank, as \"[r] \".\n");
 }
 
 // Rank counts per emulated host from --hosts: "H" (split N in blocks) or "N0,N1,..." (explicit). Returns false
@@ -130,22 +136,43 @@ int free_port() {
   return chorus::sockaddr_port(s.local_addr());
 }
 
-void flush_lines(int rank, Rank& r, bool final) {
-  // Bytes as written (a NUL byte included), each line behind its rank's prefix.
-  auto line = [rank](const char* text, size_t len) {
-    std::printf("[%d] ", rank);
-    std::fwrite(text, 1, len, stdout);
-    std::fputc('\n', stdout);
+// Writes the complete lines of `s` (and, when final, the rest) to `to`, each behind its rank's prefix.
+void flush_lines(int rank, Stream& s, FILE* to, bool final) {
+  // Bytes as written (a NUL byte included).
+  auto line = [rank, to](const char* text, size_t len) {
+    std::fprintf(to, "[%d] ", rank);
+    std::fwrite(text, 1, len, to);
+    std::fputc('\n', to);
   };
   size_t start = 0;
-  for (size_t nl; (nl = r.partial.find('\n', start)) != std::string::npos; start = nl + 1)
-    line(r.partial.data() + start, nl - start);
-  r.partial.erase(0, start);
-  if (final && !r.partial.empty()) {
-    line(r.partial.data(), r.partial.size());
-    r.partial.clear();
+  for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1)
+    line(s.partial.data() + start, nl - start);
+  s.partial.erase(0, start);
+  if (final && !s.partial.empty()) {
+    line(s.partial.data(), s.partial.size());
+    s.partial.clear();
   }
-  std::fflush(stdout);
+  std::fflush(to);
+}
+
+// Reads what is there from `s` (all of it until end of file when `drain`), passing complete lines on; closes the
+// pipe at its end.
+void pump(int rank, Stream& s, FILE* to, bool drain) {
+  char buf[65536];
+  for (;;) {
+    const ssize_t got = read(s.fd, buf, sizeof(buf));
+    if (got > 0) {
+      s.partial.append(buf, static_cast<size_t>(got));
+      flush_lines(rank, s, to, false);
+      if (drain) continue;
+      return;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    flush_lines(rank, s, to, true);
+    close(s.fd);
+    s.fd = -1;
+    return;
+  }
 }
 
 // The rendezvous address for ranks spread over namespaces: host 0's own address (the first non-loopback IPv4
@@ -303,8 +330,8 @@ int main(int argc, char** argv) {
   std::vector<Rank> ranks(n);
   const pid_t launcher = getpid();
   for (int r = 0; r < n; ++r) {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) {
+    int fds[2], err_fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0 || pipe2(err_fds, O_CLOEXEC) != 0) {
       std::perror("chorusrun: pipe");
       return 1;
     }
@@ -321,7 +348,7 @@ int main(int argc, char** argv) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) _exit(127);
       dup2(fds[1], STDOUT_FILENO);
-      dup2(fds[1], STDERR_FILENO);
+      dup2(err_fds[1], STDERR_FILENO);
       setenv("CHORUS_RANK", std::to_string(r).c_str(), 1);
       setenv("CHORUS_NRANKS", std::to_string(n).c_str(), 1);
       setenv("CHORUS_LOCAL_RANK", std::to_string(local_rank[r]).c_str(), 1);
@@ -338,8 +365,10 @@ int main(int argc, char** argv) {
     }
     setpgid(pid, pid);
     close(fds[1]);
+    close(err_fds[1]);
     ranks[r].pid = pid;
-    ranks[r].out_fd = fds[0];
+    ranks[r].out.fd = fds[0];
+    ranks[r].err.fd = err_fds[0];
   }
 
   const auto start = std::chrono::steady_clock::now();
@@ -352,29 +381,21 @@ int main(int argc, char** argv) {
   std::chrono::steady_clock::time_point stop_at;
   while (running > 0) {
     std::vector<pollfd> pfds;
-    std::vector<int> who;
+    std::vector<std::pair<int, bool>> who;  // (rank, its stderr)
     for (int r = 0; r < n; ++r)
-      if (ranks[r].out_fd >= 0) {
-        pfds.push_back({ranks[r].out_fd, POLLIN, 0});
-        who.push_back(r);
-      }
+      for (const bool is_err : {false, true})
+        if (const Stream& s = is_err ? ranks[r].err : ranks[r].out; s.fd >= 0) {
+          pfds.push_back({s.fd, POLLIN, 0});
+          who.push_back({r, is_err});
+        }
     if (!pfds.empty())
       poll(pfds.data(), pfds.size(), 100);
     else
       usleep(100000);
     for (size_t i = 0; i < pfds.size(); ++i) {
       if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Rank& r = ranks[who[i]];
-      char buf[65536];
-      ssize_t got = read(r.out_fd, buf, sizeof(buf));
-      if (got > 0) {
-        r.partial.append(buf, static_cast<size_t>(got));
-        flush_lines(who[i], r, false);
-      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
-        flush_lines(who[i], r, true);
-        close(r.out_fd);
-        r.out_fd = -1;
-      }
+      const auto [r, is_err] = who[i];
+      pump(r, is_err ? ranks[r].err : ranks[r].out, is_err ? stderr : stdout, false);
     }
     int status;
     pid_t pid;
@@ -415,13 +436,9 @@ int main(int argc, char** argv) {
       if (now >= stop_at + std::chrono::seconds(3)) stop_all(SIGKILL);
     }
   }
-  for (int r = 0; r < n; ++r)
-    if (ranks[r].out_fd >= 0) {
-      char buf[65536];
-      ssize_t got;
-      while ((got = read(ranks[r].out_fd, buf, sizeof(buf))) > 0)
-        ranks[r].partial.append(buf, static_cast<size_t>(got));
-      flush_lines(r, ranks[r], true);
-    }
+  for (int r = 0; r < n; ++r) {
+    if (ranks[r].out.fd >= 0) pump(r, ranks[r].out, stdout, true);
+    if (ranks[r].err.fd >= 0) pump(r, ranks[r].err, stderr, true);
+  }
   return exit_code;
 }

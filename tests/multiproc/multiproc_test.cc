@@ -143,6 +143,14 @@ TEST(Launcher, ChorusrunPrefixesLinesAndFailsWhenARankFails) {
   r = run(std::string(CHORUSRUN) + " -n 1 sh -c 'printf \"a\\000b\\nlast\"' | od -An -c | tr -d ' \\n'");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out, "[0]a\\0b\\n[0]last\\n") << r.out;
+  // A rank's stderr goes to chorusrun's stderr, its stdout to stdout, each line prefixed.
+  r = run(std::string(CHORUSRUN) + " -n 2 sh -c 'echo out $CHORUS_RANK; echo err $CHORUS_RANK >&2' 2>/dev/null | sort");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "[0] out 0\n[1] out 1\n") << r.out;
+  r = run(std::string(CHORUSRUN) +
+          " -n 2 sh -c 'echo out $CHORUS_RANK; echo err $CHORUS_RANK >&2' 2>&1 >/dev/null | sort");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "[0] err 0\n[1] err 1\n") << r.out;
 }
 
 TEST(Faults, AFullDevShmIsAnErrorNotABusError) {
