@@ -523,7 +523,7 @@ int run(const Options& o) {
     std::printf("state per rank: params %s + grads %s + optimizer %s = %s; gather buffers %s; peak RSS %.1f MB\n",
                 mb(mem.params).c_str(), mb(mem.grads).c_str(), mb(mem.optimizer).c_str(),
                 mb(mem.params + mem.grads + mem.optimizer).c_str(), mb(mem.transient).c_str(), ru.ru_maxrss / 1e3);
-    if (!last_ckpt.empty()) std::printf("checkpoint: %s\n", last_ckpt.c_str());
+    if (!last_ckpt.empty()) std::printf("last checkpoint: %s (--resume continues from it)\n", last_ckpt.c_str());
     char title[160];
     std::snprintf(
         title, sizeof(title), "chorus-trainer, %d rank(s): d_model %d, %d layers, %s", N, m.d_model, m.n_layers,
