@@ -63,8 +63,9 @@ void usage(FILE* f) {
       "      --netns-prefix P namespace prefix (default: chorus)\n"
       "      --timeout SEC    stop every rank after SEC seconds (default: no limit)\n"
       "  -h, --help           this text\n"
-      "Each rank gets CHORUS_RANK, CHORUS_NRANKS, CHORUS_LOCAL_RANK (its index on its host), CHORUS_ROOT_ADDR\n"
-      "and CHORUS_SECRET. Each line a rank writes to stdout (stderr) goes to chorusrun's stdout (stderr) behind\n"
+      "Each rank gets CHORUS_RANK, CHORUS_NRANKS, CHORUS_LOCAL_RANK (its index on its host), CHORUS_ROOT_ADDR,\n"
+      "CHORUS_SECRET and CHORUS_LAUNCH_ID. Each line a rank writes to stdout (stderr) goes to chorusrun's stdout "
+      "(stderr) behind\n"
       "its rank, as \"[r] \".\n");
 }
 
@@ -311,11 +312,12 @@ int main(int argc, char** argv) {
     netns_fds.push_back(fd);
   }
 
-  std::string root_addr, secret;
+  std::string root_addr, secret, launch_id;
   try {
     root_addr = netns_fds.empty() ? "127.0.0.1:" + std::to_string(free_port())
                                   : netns_root_addr(netns_fds[0], netns_names[0], netns_fds.size() > 1);
     secret = chorus::secret_to_hex(chorus::random_secret());
+    launch_id = chorus::secret_to_hex(chorus::random_secret()).substr(0, 16);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorusrun: %s\n", e.what());
     return 1;
@@ -354,6 +356,7 @@ int main(int argc, char** argv) {
       setenv("CHORUS_LOCAL_RANK", std::to_string(local_rank[r]).c_str(), 1);
       setenv("CHORUS_ROOT_ADDR", root_addr.c_str(), 1);
       setenv("CHORUS_SECRET", secret.c_str(), 1);
+      setenv("CHORUS_LAUNCH_ID", launch_id.c_str(), 1);
       if (!netns_fds.empty() && setns(netns_fds[host_of[r]], CLONE_NEWNET) != 0) {
         std::fprintf(stderr, "chorusrun: rank %d cannot enter network namespace %s: %s\n", r,
                      netns_names[host_of[r]].c_str(), std::strerror(errno));
@@ -403,7 +406,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < n; ++r) {
         if (ranks[r].pid != pid) continue;
         // A rank that died (or left without destroying its communicators) may leave shm segments nobody maps.
-        if (const int n_removed = chorus::remove_shm_segments_of(pid); n_removed > 0)
+        if (const int n_removed = chorus::remove_shm_segments_of(pid, launch_id); n_removed > 0)
           std::fprintf(stderr, "chorusrun: removed %d shared-memory segment(s) rank %d left in /dev/shm\n", n_removed,
                        r);
         ranks[r].exited = true;

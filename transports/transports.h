@@ -10,10 +10,11 @@ namespace chorus {
 
 std::unique_ptr<Transport> make_local_transport();
 std::unique_ptr<Transport> make_shm_transport();
-// Unlinks the shm segments (/dev/shm/chorus-<pid>-*) that process `pid` created, for a launcher whose rank `pid` has
-// ended: a segment is unlinked once its peer has mapped it, so only a rank that died (or exited without destroying
-// its communicator) before that leaves one behind. Returns how many it removed. Never throws.
-int remove_shm_segments_of(int pid);
+// Unlinks the shm segments (/dev/shm/chorus-<pid>-<launch_id>-*) that process `pid`, started with CHORUS_LAUNCH_ID
+// `launch_id`, created: for a launcher whose rank `pid` has ended. A segment is unlinked once its peer has mapped it,
+// so only a rank that died (or exited without destroying its communicator) before that leaves one behind. Returns
+// how many it removed. Never throws.
+int remove_shm_segments_of(int pid, const std::string& launch_id);
 std::unique_ptr<Transport> make_tcp_transport(const Secret& secret);
 // Built only with UCX (CHORUS_WITH_UCX) / libibverbs (CHORUS_WITH_IBVERBS); transport.cc stands in for them
 // otherwise. The probes say what the transport finds on this machine (chorus-info) and set *available.

@@ -73,6 +73,10 @@ constexpr ParamInfo kParams[] = {
     {Param::Secret, "CHORUS_SECRET", "string", "",
      "32 hex digits shared by all ranks of a job launched from the environment; every connection proves "
      "knowledge of it. chorusrun sets it."},
+    {Param::LaunchId, "CHORUS_LAUNCH_ID", "string", "",
+     "1 to 16 hex digits naming one launch; chorusrun sets it. The shm transport puts it in the names of its "
+     "segments (/dev/shm/chorus-<pid>-<id>-...), so that the launcher removes exactly those a rank of its own "
+     "launch left behind, even when jobs in other pid namespaces share /dev/shm."},
 };
 static_assert(std::size(kParams) == static_cast<size_t>(Param::Count));
 }  // namespace

@@ -34,6 +34,7 @@ enum class Param : int {
   LocalRank,
   RootAddr,
   Secret,
+  LaunchId,
   Count
 };
 

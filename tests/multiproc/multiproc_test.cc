@@ -3,6 +3,7 @@
 // CHORUSRUN and MP_WORKER are the built binaries' paths (compile definitions).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -166,6 +167,20 @@ TEST(Faults, AFullDevShmIsAnErrorNotABusError) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("signal"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("/dev/shm is full"), std::string::npos) << r.out;
+}
+
+TEST(Launcher, ChorusrunRemovesTheSegmentsItsEndedRanksLeftAndNoOthers) {
+  // A rank that ends leaves two segments named as the shm transport names them, and one with its pid but another
+  // launch's id (a job in another pid namespace sharing /dev/shm): only its own two are removed.
+  Result r = run(std::string(CHORUSRUN) +
+                 " -n 1 sh -c 'for n in 0 1; do : > /dev/shm/chorus-$$-$CHORUS_LAUNCH_ID-$n-ab; done; "
+                 ": > /dev/shm/chorus-$$-beef-0-ab; echo pid $$'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("removed 2 shared-memory segment(s) rank 0 left"), std::string::npos) << r.out;
+  const size_t at = r.out.find("[0] pid ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string other = "/chorus-" + std::to_string(std::stoi(r.out.substr(at + 8))) + "-beef-0-ab";
+  EXPECT_EQ(shm_unlink(other.c_str()), 0) << other << " should have been left alone";
 }
 
 TEST(Launcher, RanksStartWithTheDefaultSigpipe) {

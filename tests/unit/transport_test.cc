@@ -35,23 +35,25 @@ TEST(PeerInfo, TransportCapsRoundTripAndAreBounded) {
 }
 
 TEST(Transports, ALaunchersCleanupRemovesOnlyTheSegmentsOfTheEndedRank) {
-  // Names as the shm transport makes them: /chorus-<pid>-<n>-<hex>. Pids no process has (above pid_max) stand for
-  // the ended rank and another whose pid starts with the same digits (the prefix ends with '-').
+  // Names as the shm transport makes them: /chorus-<pid>-<launch id>-<n>-<hex>. Pids no process has (above pid_max)
+  // stand for the ended rank and another whose pid starts with the same digits (the prefix ends with '-'); a rank
+  // of another launch (another pid namespace sharing /dev/shm) may have the same pid.
   const int gone = 4194305, other = 41943050;
-  const std::vector<std::string> mine = {"/chorus-4194305-0-ab", "/chorus-4194305-7-cd"};
-  const std::string theirs = "/chorus-41943050-0-ef";
-  for (const std::string& n : {mine[0], mine[1], theirs}) {
+  const std::vector<std::string> mine = {"/chorus-4194305-1f2e-0-ab", "/chorus-4194305-1f2e-7-cd"};
+  const std::string theirs = "/chorus-41943050-1f2e-0-ef", other_launch = "/chorus-4194305-9a9a-0-ab";
+  for (const std::string& n : {mine[0], mine[1], theirs, other_launch}) {
     const int fd = shm_open(n.c_str(), O_CREAT | O_RDWR, 0600);
     ASSERT_GE(fd, 0) << n;
     close(fd);
   }
-  EXPECT_EQ(remove_shm_segments_of(gone), 2);
+  EXPECT_EQ(remove_shm_segments_of(gone, "1f2e"), 2);
   for (const std::string& n : mine) EXPECT_LT(shm_open(n.c_str(), O_RDWR, 0600), 0) << n;
   const int fd = shm_open(theirs.c_str(), O_RDWR, 0600);
   EXPECT_GE(fd, 0);
   if (fd >= 0) close(fd);
-  EXPECT_EQ(remove_shm_segments_of(other), 1);
-  EXPECT_EQ(remove_shm_segments_of(gone), 0);
+  EXPECT_EQ(remove_shm_segments_of(other, "1f2e"), 1);
+  EXPECT_EQ(remove_shm_segments_of(gone, "1f2e"), 0);
+  EXPECT_EQ(remove_shm_segments_of(gone, "9a9a"), 1);
 }
 
 TEST(Transports, EveryNameIsKnownInPriorityOrderAndReported) {

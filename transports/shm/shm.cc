@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "transports/fifo.h"
@@ -43,8 +44,20 @@ std::shared_ptr<Mapping> map_segment(int fd, size_t bytes, const std::string& na
   return m;
 }
 
-// The names of the segments process `pid` creates start with this (remove_shm_segments_of relies on it).
-std::string segment_prefix(int pid) { return cat("/chorus-", pid, "-"); }
+// The names of the segments process `pid` of launch `launch_id` creates start with this (remove_shm_segments_of
+// relies on it). Without a launch id, "0" stands in.
+std::string segment_prefix(int pid, const std::string& launch_id) {
+  return cat("/chorus-", pid, "-", launch_id.empty() ? std::string("0") : launch_id, "-");
+}
+
+// CHORUS_LAUNCH_ID, checked: it becomes part of a file name.
+std::string launch_id() {
+  const std::string id = param_str(Param::LaunchId);
+  if (id.size() > 16 || id.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+    throw Error(chorusInvalidArgument, Subsys::Transport,
+                cat("CHORUS_LAUNCH_ID='", id, "' must be 1 to 16 hex digits (chorusrun sets it)"));
+  return id;
+}
 
 class ShmTransport : public Transport {
  public:
@@ -55,7 +68,8 @@ class ShmTransport : public Transport {
     if (s.rank > s.peer) return {};
     static std::atomic<uint64_t> counter{0};
     std::random_device rd;
-    std::string name = cat(segment_prefix(getpid()), counter++, "-", std::hex, (uint64_t{rd()} << 32) | rd());
+    std::string name =
+        cat(segment_prefix(getpid(), launch_id()), counter++, "-", std::hex, (uint64_t{rd()} << 32) | rd());
     const size_t one = SlotFifo::region_bytes(s.slot_bytes, s.fifo_depth);
     int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) throw Error(chorusSystemError, Subsys::Transport, cat("shm: shm_open ", name, ": ", errno_text()));
@@ -150,9 +164,9 @@ class ShmTransport : public Transport {
 
 std::unique_ptr<Transport> make_shm_transport() { return std::make_unique<ShmTransport>(); }
 
-int remove_shm_segments_of(int pid) {
+int remove_shm_segments_of(int pid, const std::string& launch_id) {
   // shm_open names live in /dev/shm on Linux (glibc), without the leading '/'.
-  const std::string prefix = segment_prefix(pid).substr(1);
+  const std::string prefix = segment_prefix(pid, launch_id).substr(1);
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return 0;
   std::vector<std::string> names;
