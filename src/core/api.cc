@@ -335,6 +335,9 @@ chorusResult_t chorusCommDestroy(chorusComm_t comm) {
     {
       // Refused while another thread is inside a call on this communicator.
       CommImpl::Guard guard(*use);
+      // Queued work finishes first, while the communicator is still published: a watchdog's chorusCommAbort can
+      // then end a wait for a peer that will not come, instead of finding the handle retired.
+      (*use).drain();
     }
     retire(comm);
   });

@@ -514,6 +514,10 @@ void CommImpl::abort() {
   }
 }
 
+void CommImpl::drain() const {
+  while (pending_.load(std::memory_order_acquire) > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
+
 Transport& CommImpl::choose_transport(int peer) {
   for (auto& t : transports_)
     if (t->can_connect(peers_[rank_], peers_[peer])) return *t;

@@ -123,6 +123,10 @@ class CommImpl {
   // Local abort: in-flight work fails promptly; peers see this rank as failed. Returns once no API call is inside
   // the communicator (bounded: executors poll the abort flag at least every millisecond).
   void abort();
+  // Waits until no queued or running non-blocking work is left (each piece ends by itself: done, failed, or at its
+  // deadline; an abort() from another thread ends it at once). chorusCommDestroy calls it while the communicator
+  // can still be found by an abort.
+  void drain() const;
   // chorusSuccess while healthy, else the error that broke the communicator.
   chorusResult_t async_error(std::string* text) const;
   // Marks the communicator broken with `e` (the first error stays): later calls fail with it.

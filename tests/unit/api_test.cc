@@ -360,6 +360,32 @@ TEST(Communicator, AbortFromAnotherThreadRacesCallsDestroyAndAbortSafely) {
   }
 }
 
+TEST(Communicator, AnAbortEndsADestroyThatWaitsForQueuedWork) {
+  // Rank 0 queues an all-reduce rank 1 never joins, then destroys: the destroy waits for the queued work. A
+  // watchdog's abort must end that wait at once (it used to find the handle retired, chorusInvalidUsage, and the
+  // destroy waited out the timeout).
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "120000");
+  chorusComm_t c[2];
+  init_pair(c);
+  float x = 1;
+  chorusRequest_t req = nullptr;
+  ASSERT_EQ(chorusIallReduce(&x, &x, 1, chorusFloat32, chorusSum, c[0], &req), chorusSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread watchdog([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess) << chorusGetLastError(nullptr);
+  });
+  const chorusResult_t rc = chorusCommDestroy(c[0]);
+  watchdog.join();
+  EXPECT_TRUE(rc == chorusSuccess || rc == chorusInvalidUsage) << rc;  // whichever of the two freed it
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << "the destroy waited out the timeout";
+  int done = 0;
+  EXPECT_NE(chorusTest(req, &done), chorusSuccess);  // failed by the abort
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(chorusRequestFree(req), chorusSuccess);
+  EXPECT_EQ(chorusCommAbort(c[1]), chorusSuccess);
+}
+
 TEST(Communicator, SplitUnderATopologyFileTakesItsParentsView) {
   // CHORUS_TOPO_FILE describes the parent's 4 ranks; a 2-rank child used to re-read it and fail ("places 4 ranks
   // but the communicator has 2").
