@@ -2,6 +2,8 @@
 // chorusGetLastError. Nothing throws across it.
 #include <chorus/chorus.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -309,12 +311,13 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
     LaunchEnv env = read_launch_env();
     UniqueIdData id;
     id.secret = env.secret;
+    id.root = resolve(env.root_host, env.root_port);
     if (env.rank == 0) {
-      // Rank 0 serves the rendezvous on the launcher's port, on every local address.
-      sockaddr_storage any = resolve("0.0.0.0", env.root_port);
+      // Rank 0 serves the rendezvous on the launcher's port, on every local address of the family the root's
+      // address resolves to (the others resolve the same name): IPv4, or IPv6 for a MASTER_ADDR such as ::1.
+      sockaddr_storage any = resolve(id.root.ss_family == AF_INET6 ? "::" : "0.0.0.0", env.root_port);
       start_root_service(any, env.secret);
     }
-    id.root = resolve(env.root_host, env.root_port);
     *comm = wrap(std::make_unique<CommImpl>(id, env.nranks, env.rank));
   });
 }

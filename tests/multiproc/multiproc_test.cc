@@ -2,8 +2,10 @@
 // device), started by chorusrun (and once by hand with torchrun-style variables).
 // CHORUSRUN and MP_WORKER are the built binaries' paths (compile definitions).
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -121,10 +123,24 @@ TEST(Bootstrap, ConnectionWithoutTheSecretIsRefusedAndLoggedAndTheJobCompletes) 
   EXPECT_TRUE(std::regex_search(r.out, std::regex("\\[0\\].*(refus|reject|dropp)", std::regex::icase))) << r.out;
 }
 
-TEST(Launcher, TorchrunEnvironment) {
-  // Two ranks started by hand with torchrun's variables; the job id stands in for the secret.
+class TorchrunEnvironment : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TorchrunEnvironment, TwoRanksStartedByHand) {
+  // Two ranks started by hand with torchrun's variables; the job id stands in for the secret. MASTER_ADDR may be
+  // IPv4 or IPv6 (rank 0 serves the rendezvous on that family).
+  const std::string addr = GetParam();
+  if (addr.find(':') != std::string::npos) {
+    const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    const bool v6 = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    if (fd >= 0) close(fd);
+    if (!v6) GTEST_SKIP() << "no IPv6 loopback here";
+  }
   const std::string pid = std::to_string(getpid());
-  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(29000 + getpid() % 1000) +
+  const std::string env = "MASTER_ADDR=" + addr +
+                          " MASTER_PORT=" + std::to_string(29000 + getpid() % 1000 + (addr == "::1" ? 1000 : 0)) +
                           " WORLD_SIZE=2 TORCHELASTIC_RUN_ID=test" + pid;
   const std::string log0 = "/tmp/chorus_torchrun0_" + pid + ".log";
   Result r = run("sh -c '" + env + " RANK=0 LOCAL_RANK=0 " + MP_WORKER + " smoke > " + log0 + " 2>&1 & " + env +
@@ -133,6 +149,9 @@ TEST(Launcher, TorchrunEnvironment) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(count_of(r.out, "smoke: job completed"), 2) << r.out;
 }
+
+INSTANTIATE_TEST_SUITE_P(Launcher, TorchrunEnvironment, ::testing::Values("127.0.0.1", "::1"),
+                         [](const auto& info) { return std::string(info.index == 0 ? "ipv4" : "ipv6"); });
 
 TEST(Launcher, ChorusrunPrefixesLinesAndFailsWhenARankFails) {
   Result r = run(std::string(CHORUSRUN) + " -n 3 sh -c 'echo hello $CHORUS_RANK; [ $CHORUS_RANK != 1 ] || exit 7'");
