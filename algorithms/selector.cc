@@ -147,8 +147,14 @@ AlgoOverrides parse_algo_overrides(const std::string& spec) {
       if (rc != std::string::npos) {
         const std::string range = trim(rule.substr(0, rc));
         const size_t dash = range.find('-');
-        if (dash == std::string::npos)
+        if (dash == std::string::npos) {
+          // "allreduce:ring,allgather:bruck": a second collective after a comma instead of a ';'.
+          for (Coll c : kSpecColls)
+            if (lower(range) == coll_spec_name(c))
+              bad_spec(cat("'", trim(rule), "' in '", entry, "' is a rule for another collective: separate ",
+                           "collectives with ';' (e.g. allreduce:ring;allgather:bruck), ranges of one with ','"));
           bad_spec(cat("range '", range, "' in '", part, "' has no '-' (expected lo-hi, lo- or -hi)"));
+        }
         const std::string lo = trim(range.substr(0, dash)), hi = trim(range.substr(dash + 1));
         if (!lo.empty()) r.lo = parse_bytes(lo, part);
         if (!hi.empty()) r.hi = parse_bytes(hi, part);

@@ -93,6 +93,9 @@ TEST(AlgoOverrides, BadSpecsNameTheVariableAndThePart) {
   EXPECT_TRUE(has(e, "bad size in 'allreduce:1Q-:ring'")) << e;
   e = invalid_text([] { parse_algo_overrides("allreduce:64K:ring"); });
   EXPECT_TRUE(has(e, "has no '-'")) << e;
+  // A comma where a ';' belongs: the second collective's rule is named as such.
+  e = invalid_text([] { parse_algo_overrides("allreduce:ring,allgather:bruck"); });
+  EXPECT_TRUE(has(e, "'allgather:bruck' in 'allreduce:ring,allgather:bruck' is a rule for another collective")) << e;
   e = invalid_text([] { parse_algo_overrides("allreduce"); });
   EXPECT_TRUE(has(e, "'allreduce' has no ':'")) << e;
   e = invalid_text([] { parse_algo_overrides("allreduce:0-1K:"); });
