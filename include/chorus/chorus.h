@@ -68,7 +68,10 @@ typedef enum {
   chorusFloat8e4m3 = 10, /* OCP FP8 E4M3 (no infinities, max 448) */
   chorusFloat8e5m2 = 11, /* OCP FP8 E5M2 (IEEE-like) */
   chorusNumTypes = 12,
-  chorusMaxDataType = 0x7fffffff /* widens the type so an invalid value can be passed and reported (C++) */
+  /* The two bounds widen the type to every int, so that any invalid value can be passed and reported (in C++ an
+   * enum holds only the values its enumerators need; the same holds for the enums below). */
+  chorusMinDataType = -0x7fffffff - 1,
+  chorusMaxDataType = 0x7fffffff
 } chorusDataType_t;
 
 /*
@@ -88,12 +91,15 @@ typedef enum {
   chorusMin = 3,
   chorusAvg = 4,
   chorusNumOps = 5,
+  chorusMinRedOp = -0x7fffffff - 1,
   chorusMaxRedOp = 0x7fffffff
 } chorusRedOp_t;
 
 typedef enum {
   chorusScalarDevice = 0,       /* scalar lives in device memory (needs CUDA) */
-  chorusScalarHostImmediate = 1 /* scalar is read from host memory when the op is created */
+  chorusScalarHostImmediate = 1, /* scalar is read from host memory when the op is created */
+  chorusMinScalarResidence = -0x7fffffff - 1,
+  chorusMaxScalarResidence = 0x7fffffff
 } chorusScalarResidence_t;
 
 #define CHORUS_UNIQUE_ID_BYTES 128
@@ -185,8 +191,10 @@ typedef enum {
   chorusCodecFp8E4M3 = 2, /* OCP MX fp8 e4m3, one power-of-two (E8M0) scale per 32 elements; never saturates */
   chorusCodecInt4 = 3,    /* int4 [-7, 7], one fp16 scale per 32 elements */
   chorusCodecSign1 = 4,   /* 1 bit per element, scale = L2 norm / sqrt(n) per block (default 2048; 1-bit Adam) */
-  chorusCodecSignVote = 5 /* signSGD with majority vote: the sign of the sum of the ranks' signs (+1 on a tie);
-                             all-reduce, qonce, op sum only */
+  chorusCodecSignVote = 5, /* signSGD with majority vote: the sign of the sum of the ranks' signs (+1 on a tie);
+                              all-reduce, qonce, op sum only */
+  chorusMinCodec = -0x7fffffff - 1,
+  chorusMaxCodec = 0x7fffffff
 } chorusCodec_t;
 typedef struct {
   size_t size; /* sizeof(chorusCompression_t) of the caller's header */

@@ -95,20 +95,26 @@ TEST(BadInput, NullRecvBufferWithCount) {
 }
 
 TEST(BadInput, InvalidDatatype) {
-  expect_bad(
-      [](int, chorusComm_t c, Guarded& in, Guarded& out) {
-        return chorusAllReduce(in.data(), out.data(), 16, static_cast<chorusDataType_t>(42), chorusSum, c, nullptr);
-      },
-      chorusInvalidArgument, "datatype");
+  // Negative values too: the enum's bounds make every int a value of the type (no undefined load under UBSan).
+  for (const int dtype : {42, -3}) {
+    expect_bad(
+        [dtype](int, chorusComm_t c, Guarded& in, Guarded& out) {
+          return chorusAllReduce(in.data(), out.data(), 16, static_cast<chorusDataType_t>(dtype), chorusSum, c,
+                                 nullptr);
+        },
+        chorusInvalidArgument, "datatype");
+  }
 }
 
 TEST(BadInput, InvalidOp) {
-  expect_bad(
-      [](int, chorusComm_t c, Guarded& in, Guarded& out) {
-        return chorusReduceScatter(in.data(), out.data(), 16, chorusFloat32, static_cast<chorusRedOp_t>(77), c,
-                                   nullptr);
-      },
-      chorusInvalidArgument, "op");
+  for (const int op : {77, -1}) {
+    expect_bad(
+        [op](int, chorusComm_t c, Guarded& in, Guarded& out) {
+          return chorusReduceScatter(in.data(), out.data(), 16, chorusFloat32, static_cast<chorusRedOp_t>(op), c,
+                                     nullptr);
+        },
+        chorusInvalidArgument, "op");
+  }
 }
 
 TEST(BadInput, RootOutOfRange) {

@@ -389,6 +389,7 @@ Kernels pick_kernels(chorusDataType_t dtype, ReduceKind kind) {
     case chorusFloat8e4m3: return pick_kernels<E4M3>(kind);
     case chorusFloat8e5m2: return pick_kernels<E5M2>(kind);
     case chorusNumTypes:
+    case chorusMinDataType:
     case chorusMaxDataType: break;
   }
   throw Error(chorusInvalidArgument, Subsys::Kernels, cat("reducer: invalid datatype ", static_cast<int>(dtype)));

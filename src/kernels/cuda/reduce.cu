@@ -439,6 +439,7 @@ void dispatch(const ReduceSpec& spec, const Call& c) {
     case chorusFloat8e4m3: return run_format<E4M3>(spec, c);
     case chorusFloat8e5m2: return run_format<E5M2>(spec, c);
     case chorusNumTypes:
+    case chorusMinDataType:
     case chorusMaxDataType: break;
   }
   throw Error(chorusInvalidArgument, Subsys::Kernels,
