@@ -3,7 +3,6 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -40,10 +39,7 @@ void compute_mac(const Secret& secret, const char* label, const uint8_t* first, 
     throw Error(chorusSystemError, Subsys::Bootstrap, "OpenSSL HMAC-SHA256 failed");
 }
 
-void random_nonce(uint8_t* out) {
-  if (RAND_bytes(out, static_cast<int>(kAuthNonceBytes)) != 1)
-    throw Error(chorusSystemError, Subsys::Bootstrap, "OpenSSL RAND_bytes failed to produce a nonce");
-}
+void random_nonce(uint8_t* out) { os_random_bytes(out, kAuthNonceBytes, "a nonce"); }
 
 bool mac_equal(const uint8_t* a, const uint8_t* b) { return CRYPTO_memcmp(a, b, kAuthMacBytes) == 0; }
 

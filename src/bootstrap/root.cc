@@ -1,5 +1,6 @@
 #include "bootstrap/root.h"
 
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -196,6 +197,11 @@ class RootService {
     } catch (const std::exception& e) {
       CHORUS_WARN(Bootstrap, "root %s: service stopped by an error: %s", addr_.c_str(), e.what());
     }
+    // OpenSSL keeps per-thread state (its error queue) for this detached thread. It is freed here, before the
+    // service stops counting as busy: a process exit waits for busy services only, and would otherwise race the
+    // thread's own teardown (LeakSanitizer then reported that state as leaked).
+    OPENSSL_thread_stop();
+    set_busy(false);
   }
 
  private:
@@ -261,13 +267,10 @@ class RootService {
       close_overflowed();
       expire_deadlines();
       std::erase_if(conns_, [](const std::unique_ptr<Conn>& c) { return c->state == ConnState::Closed; });
+      if (finished()) return;  // run() stops counting as busy
       set_busy(std::any_of(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& c) {
         return c->state == ConnState::Joined && !c->said_bye;
       }));
-      if (finished()) {
-        set_busy(false);
-        return;
-      }
     }
   }
 
@@ -776,7 +779,12 @@ void wait_for_roots_at_exit() {
 
 sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& secret, const RootOptions& options) {
   static std::once_flag at_exit;
-  std::call_once(at_exit, [] { std::atexit(wait_for_roots_at_exit); });
+  std::call_once(at_exit, [] {
+    // OpenSSL's one-time setup (it loads its configuration, with per-thread error state) runs here, in the
+    // caller's thread, rather than inside the detached service thread's first HMAC.
+    OPENSSL_init_crypto(OPENSSL_INIT_LOAD_CONFIG, nullptr);
+    std::atexit(wait_for_roots_at_exit);
+  });
   Socket listener = Socket::listen(bind_addr);
   sockaddr_storage bound = listener.local_addr();
   auto service = std::make_shared<RootService>(std::move(listener), secret, options);

@@ -1,6 +1,8 @@
 #include "bootstrap/unique_id.h"
 
-#include <openssl/rand.h>
+#include <sys/random.h>
+
+#include <cerrno>
 
 #include <cstring>
 
@@ -83,10 +85,20 @@ UniqueIdData decode_unique_id(const chorusUniqueId& id) {
   return data;
 }
 
+void os_random_bytes(uint8_t* out, size_t n, const char* what) {
+  for (size_t got = 0; got < n;) {
+    const ssize_t r = getrandom(out + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      throw Error(chorusSystemError, Subsys::Bootstrap,
+                  cat("getrandom failed to produce ", what, ": ", std::strerror(r < 0 ? errno : EIO)));
+    got += static_cast<size_t>(r);
+  }
+}
+
 Secret random_secret() {
   Secret s{};
-  if (RAND_bytes(s.data(), static_cast<int>(s.size())) != 1)
-    throw Error(chorusSystemError, Subsys::Bootstrap, "OpenSSL RAND_bytes failed to produce a secret");
+  os_random_bytes(s.data(), s.size(), "a secret");
   return s;
 }
 

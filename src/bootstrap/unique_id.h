@@ -24,7 +24,10 @@ struct UniqueIdData {
 chorusUniqueId encode_unique_id(const UniqueIdData& data);
 UniqueIdData decode_unique_id(const chorusUniqueId& id);
 
-// Random secret from the OS CSPRNG (via OpenSSL RAND_bytes).
+// Fills `out` with `n` bytes from the kernel's CSPRNG (getrandom(2): no per-thread state to leak, unlike OpenSSL's
+// per-thread generators in the detached root-service thread). Throws chorusSystemError naming `what`.
+void os_random_bytes(uint8_t* out, size_t n, const char* what);
+// Random secret from the kernel's CSPRNG.
 Secret random_secret();
 // Parses 32 hex digits; throws chorusInvalidArgument naming `what` otherwise.
 Secret parse_secret(const std::string& hex, const char* what);
