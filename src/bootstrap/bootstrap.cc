@@ -428,6 +428,12 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
   auto with_rank = [&](const Error& e) {
     return Error(e.code(), Subsys::Bootstrap, cat("rank ", rank, ": ", e.what()));
   };
+  // A unique id serves one rendezvous. Reusing one whose root this process served would otherwise retry the
+  // closed port until the timeout.
+  if (const std::string closed = root_closed_here(id.secret); !closed.empty())
+    throw Error(chorusInvalidUsage, Subsys::Bootstrap,
+                cat("rank ", rank, ": this unique id was already used: ", closed,
+                    "; a unique id serves one communicator (make a new one with chorusGetUniqueId)"));
   Socket sock;
   try {
     sock = Socket::connect(id.root, deadline);

@@ -147,11 +147,19 @@ struct Registry {
   std::condition_variable cv;
   int running = 0;
   int busy = 0;  // services with a joined rank still connected
+  // Per unique id served here, once nobody can join: what happened (root_closed_here). A few bytes per id.
+  std::map<Secret, std::string> closed;
 };
+
 
 Registry& registry() {
   static Registry* r = new Registry();  // never freed: detached service threads may outlive static destruction
   return *r;
+}
+
+void set_closed(const Secret& secret, const std::string& what) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  registry().closed[secret] = what;
 }
 
 // A connection is closed if its peer queues more output than this without reading it: it is stuck or hostile.
@@ -201,6 +209,10 @@ class RootService {
     // service stops counting as busy: a process exit waits for busy services only, and would otherwise race the
     // thread's own teardown (LeakSanitizer then reported that state as leaked).
     OPENSSL_thread_stop();
+    set_closed(secret_, phase_ == Phase::Failed ? cat("its rendezvous at ", addr_, " failed (", failure_text_,
+                                                      ") and its service has stopped")
+                                                : cat("its rendezvous at ", addr_, " completed (all ", nranks_,
+                                                      " ranks joined) and its service has stopped"));
     set_busy(false);
   }
 
@@ -527,6 +539,7 @@ class RootService {
       return;
     }
     phase_ = Phase::Complete;
+    set_closed(secret_, cat("its rendezvous at ", addr_, " completed (all ", nranks_, " ranks joined)"));
     broadcast(frame);
     CHORUS_INFO(Bootstrap, "root %s: rendezvous complete, %d ranks", addr_.c_str(), nranks_);
     // Nobody else can join: stop listening, and drop strangers still authenticating.
@@ -791,6 +804,7 @@ sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& sec
   {
     std::lock_guard<std::mutex> lock(registry().mu);
     ++registry().running;
+    registry().closed.erase(secret);  // a new rendezvous for it (chorusCommInitFromEnv again, with the job's secret)
   }
   std::thread([service] {
     service->run();
@@ -799,6 +813,12 @@ sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& sec
   }).detach();
   CHORUS_INFO(Bootstrap, "root service listening on %s", sockaddr_to_string(bound).c_str());
   return bound;
+}
+
+std::string root_closed_here(const Secret& secret) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  const auto it = registry().closed.find(secret);
+  return it == registry().closed.end() ? std::string() : it->second;
 }
 
 int root_services_running() {

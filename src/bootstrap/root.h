@@ -97,4 +97,9 @@ sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& sec
 // Root services whose thread is still running in this process (for tests and diagnostics). Thread-safe.
 int root_services_running();
 
+// When this process served the rendezvous of the unique id with `secret` and nobody can join it any more (its ranks
+// all joined, it failed, or its service stopped): what happened, for a join that reuses the id. Empty otherwise
+// (another process's id, or one still gathering). Thread-safe.
+std::string root_closed_here(const Secret& secret);
+
 }  // namespace chorus

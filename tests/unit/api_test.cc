@@ -392,6 +392,29 @@ TEST(Communicator, AnAbortEndsADestroyThatWaitsForQueuedWork) {
   EXPECT_EQ(chorusCommAbort(c[1]), chorusSuccess);
 }
 
+TEST(Communicator, ReusingAUniqueIdIsRefusedAtOnce) {
+  // A unique id serves one rendezvous; a second init with it used to retry the closed port until the timeout.
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c[2] = {nullptr, nullptr};
+  std::thread peer([&] { ASSERT_EQ(chorusCommInitRank(&c[1], 2, id, 1), chorusSuccess); });
+  ASSERT_EQ(chorusCommInitRank(&c[0], 2, id, 0), chorusSuccess);
+  peer.join();
+  for (int round = 0; round < 2; ++round) {  // while the communicator lives, then after it is gone
+    chorusComm_t again = nullptr;
+    EXPECT_EQ(chorusCommInitRank(&again, 2, id, 1), chorusInvalidUsage);
+    const std::string err = chorusGetLastError(nullptr);
+    EXPECT_NE(err.find("this unique id was already used: its rendezvous at "), std::string::npos) << err;
+    EXPECT_NE(err.find("completed (all 2 ranks joined)"), std::string::npos) << err;
+    EXPECT_EQ(again, nullptr);
+    if (round == 0) {
+      std::thread destroy_peer([&] { EXPECT_EQ(chorusCommDestroy(c[1]), chorusSuccess); });
+      EXPECT_EQ(chorusCommDestroy(c[0]), chorusSuccess);
+      destroy_peer.join();
+    }
+  }
+}
+
 TEST(Communicator, SplitUnderATopologyFileTakesItsParentsView) {
   // CHORUS_TOPO_FILE describes the parent's 4 ranks; a 2-rank child used to re-read it and fail ("places 4 ranks
   // but the communicator has 2").
