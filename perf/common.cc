@@ -302,10 +302,15 @@ int parse_options(int argc, char** argv, const ToolInfo& tool, Options* out, boo
         case 'a': o.average = static_cast<Average>(parse_int(optarg, 0, 3)); break;
         case 't': o.nthreads = parse_int(optarg, 1, 1024); break;
         case 'g': o.ngpus = parse_int(optarg, 1, 1); break;
-        case 'J':
+        case 'J': {
           if (*optarg == '\0') throw BadValue{"expected a file name"};
+          // Checked before the sweep, on every rank alike, rather than found unwritable after it.
+          FILE* f = std::fopen(optarg, "a");
+          if (f == nullptr) throw BadValue{std::string("cannot write it: ") + std::strerror(errno)};
+          std::fclose(f);
           o.json_path = optarg;
           break;
+        }
         case 'm': parse_int(optarg, 1, 1); break;
         case 'p': parse_int(optarg, 0, 1); break;
         case 'G': parse_int(optarg, 0, 0); break;

@@ -72,7 +72,8 @@ const char* const kUsage =
     "  -o, --output FILE     the tuning file to write (by rank 0, atomically)\n"
     "      --max-bytes SIZE  largest ping-pong message (K, M, G suffixes; 4K..1G; default 64M); on a shaped\n"
     "                        link keep it well above the shaper's burst, or the bandwidth comes out too high\n"
-    "      --iters N         round trips per size up to 256 KiB, fewer (at least 3) above (default 20)\n"
+    "      --iters N         round trips per size up to 256 KiB; above, fewer in proportion to the size, but\n"
+    "                        at least 3 (or N, when N is below 3) (default 20)\n"
     "  -h, --help            this text\n";
 
 struct Options {
@@ -195,8 +196,8 @@ std::vector<size_t> sweep_sizes(size_t max) {
   return s;
 }
 
-// Round trips at `bytes`: --iters up to 256 KiB, then proportionally fewer (at least 3), so that a 64 MiB message
-// over a 1 Gbit/s link takes seconds, not minutes.
+// Round trips at `bytes`: --iters up to 256 KiB, then proportionally fewer (at least 3, or --iters if below), so that a
+// 64 MiB message over a 1 Gbit/s link takes seconds, not minutes.
 int iters_at(size_t bytes, int iters) {
   if (bytes <= kFullItersLimit) return iters;
   const double scaled = static_cast<double>(iters) * static_cast<double>(kFullItersLimit) / static_cast<double>(bytes);

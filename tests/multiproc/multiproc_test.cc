@@ -290,6 +290,11 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   Result p2p = run(std::string(SENDRECV_PERF) + " -t 2 -b 8 -e 64 -n 2 -w 1 -Z int8");
   EXPECT_EQ(p2p.code, 2) << p2p.out;
   EXPECT_NE(p2p.out.find("sendrecv has no compressed form"), std::string::npos) << p2p.out;
+  // An unwritable -J file is refused before the sweep, not found out after it.
+  Result json = run(tool + " -J /nonexistent-dir/out.json");
+  EXPECT_EQ(json.code, 2) << json.out;
+  EXPECT_NE(json.out.find("-J/--output_file: cannot write it"), std::string::npos) << json.out;
+  EXPECT_EQ(json.out.find("Out of bounds"), std::string::npos) << json.out;
 }
 #endif
 
