@@ -21,7 +21,7 @@ constexpr double kNearTie = 1.03;             // another candidate must be more 
 constexpr size_t kMemoMax = size_t{1} << 16;  // decisions kept; the memo starts over beyond this
 
 constexpr Coll kSpecColls[] = {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast,
-                               Coll::Reduce,    Coll::AllToAll,  Coll::AllToAllv};
+                               Coll::Reduce,    Coll::AllToAll,  Coll::AllToAllv,     Coll::Barrier};
 
 [[noreturn]] void bad_spec(const std::string& what) {
   throw Error(chorusInvalidArgument, Subsys::Algorithms, "CHORUS_ALGO: " + what);
@@ -77,6 +77,7 @@ const char* coll_spec_name(Coll coll) {
     case Coll::Reduce: return "reduce";
     case Coll::AllToAll: return "alltoall";
     case Coll::AllToAllv: return "alltoallv";
+    case Coll::Barrier: return "barrier";
     default: return "";
   }
 }

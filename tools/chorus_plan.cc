@@ -33,8 +33,9 @@ constexpr const char* kUsage =
     "usage: chorus-plan --coll NAME --bytes LO[:HI] [options]\n"
     "Prints, per size, every candidate algorithm's predicted time (us), algorithm and bus bandwidth (GB/s, as\n"
     "nccl-tests defines them) and the algorithm the selector chooses.\n"
-    "  --coll NAME        allreduce, allgather, reducescatter, broadcast, reduce, alltoall, alltoallv\n"
-    "  --bytes LO[:HI]    size or range in bytes as nccl-tests counts them (K, M, G suffixes: powers of 1024)\n"
+    "  --coll NAME        allreduce, allgather, reducescatter, broadcast, reduce, alltoall, alltoallv, barrier\n"
+    "  --bytes LO[:HI]    size or range in bytes as nccl-tests counts them (K, M, G suffixes: powers of 1024);\n"
+    "                     not for a barrier\n"
     "  --step F           multiply the size by F from LO to HI (default 2)\n"
     "  --dtype NAME       element type (default float): int8 uint8 int32 uint32 int64 uint64 half float double\n"
     "                     bfloat16 f8e4m3 f8e5m2\n"
@@ -189,7 +190,7 @@ int main(int argc, char** argv) {
   Coll coll = Coll::Count;
   std::string coll_names;
   for (Coll c : {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce, Coll::AllToAll,
-                 Coll::AllToAllv}) {
+                 Coll::AllToAllv, Coll::Barrier}) {
     if (!coll_names.empty()) coll_names += ", ";
     coll_names += coll_spec_name(c);
     if (coll_text == coll_spec_name(c)) coll = c;
@@ -205,6 +206,10 @@ int main(int argc, char** argv) {
   }
   if (dtype < 0) usage_error(cat("--dtype '", dtype_text, "' is not a type (known: ", dtype_names, ")"));
   const size_t esz = dtype_size(static_cast<chorusDataType_t>(dtype));
+  if (coll == Coll::Barrier) {
+    if (!bytes_text.empty() && bytes_text != "0") usage_error("--bytes: a barrier moves no data (leave it out)");
+    bytes_text.assign(1, '0');
+  }
   if (bytes_text.empty()) usage_error("--bytes is required (e.g. --bytes 1K:1G)");
   const size_t colon = bytes_text.find(':');
   const uint64_t lo = parse_size_flag("--bytes", bytes_text.substr(0, colon));

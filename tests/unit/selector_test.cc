@@ -170,6 +170,13 @@ TEST(Selector, PerCallBeatsOverrideBeatsModel) {
   Selector plain(t, {}, 1);
   EXPECT_STREQ(plain.choose(Coll::AllReduce, 16, 4, 0)->algorithm->name, "oneshot");
   EXPECT_EQ(plain.choose(Coll::AllReduce, 16, 4, 0)->reason, ChoiceReason::CostModel);
+
+  // The barrier follows CHORUS_ALGO too (it has no per-call options): the model's one-shot, or the rule's tree.
+  EXPECT_STREQ(plain.choose(Coll::Barrier, 0, 1, 0)->algorithm->name, "oneshot");
+  Selector tree_barrier(t, {}, 1, parse_algo_overrides("barrier:tree"));
+  c = tree_barrier.choose(Coll::Barrier, 0, 1, 0);
+  EXPECT_STREQ(c->algorithm->name, "tree");
+  EXPECT_EQ(c->reason, ChoiceReason::Override);
 }
 
 TEST(Selector, UnknownNamesAreErrors) {
