@@ -229,7 +229,8 @@ typedef struct {
 typedef struct {
   size_t size;
   /* Algorithm for this call, by name as `chorus-info` lists them for the collective ("ring", "tree", "rhd", "bruck",
-   * "pat", "hier", "oneshot", "pairwise"), or NULL to let the selector choose (CHORUS_ALGO, then the cost model).
+   * "pat", "hier", "oneshot", "pairwise"), or NULL (or "") to let the selector choose (CHORUS_ALGO, then the cost
+   * model).
    * Every rank must pass the same name. An unknown name is chorusInvalidArgument listing the known ones. */
   const char* algorithm;
   /* Compression of this call (all-reduce, reduce-scatter, all-gather), or NULL. With compression, `algorithm`

@@ -18,7 +18,9 @@ constexpr ParamInfo kParams[] = {
      "Write logs to this file instead of stderr; %h is replaced by the host name, %p by the pid."},
     {Param::TimeoutMs, "CHORUS_TIMEOUT_MS", "int", "300000",
      "Deadline in milliseconds for every blocking wait (rendezvous, connection, collective progress). A wait "
-     "that passes it fails with chorusTimeout naming the peer that is missing."},
+     "that passes it fails with chorusTimeout naming the peer that is missing; a collective's error comes up to "
+     "about 2 s later (at most 10 s, with thousands of ranks), while the rank asks the others what they were "
+     "doing so that the error can say."},
     {Param::Transports, "CHORUS_TRANSPORTS", "string", "local,shm,tcp",
      "Transports allowed, in priority order; for each peer the first that can connect is used. Known: local, shm, "
      "ibverbs, ucx, tcp (chorus-info shows what each finds here). ibverbs and ucx are opted into by listing them, "
