@@ -141,6 +141,12 @@ AlgoOverrides parse_algo_overrides(const std::string& spec) {
     for (const std::string& rule : split(rules, ',')) {
       const std::string part = cat(cname, ":", rule);
       if (rule.empty()) bad_spec(cat("empty rule in '", entry, "'"));
+      // "allreduce:ring,allgather:0-1M:bruck": a second collective after a ',' instead of a ';'.
+      if (const size_t first = rule.find(':'); first != std::string::npos)
+        for (Coll c : kSpecColls)
+          if (lower(trim(rule.substr(0, first))) == coll_spec_name(c))
+            bad_spec(cat("'", trim(rule), "' in '", entry, "' is a rule for another collective: separate ",
+                         "collectives with ';' (e.g. allreduce:ring;allgather:bruck), ranges of one with ','"));
       AlgoRule r;
       r.text = part;
       const size_t rc = rule.rfind(':');
@@ -148,14 +154,8 @@ AlgoOverrides parse_algo_overrides(const std::string& spec) {
       if (rc != std::string::npos) {
         const std::string range = trim(rule.substr(0, rc));
         const size_t dash = range.find('-');
-        if (dash == std::string::npos) {
-          // "allreduce:ring,allgather:bruck": a second collective after a comma instead of a ';'.
-          for (Coll c : kSpecColls)
-            if (lower(range) == coll_spec_name(c))
-              bad_spec(cat("'", trim(rule), "' in '", entry, "' is a rule for another collective: separate ",
-                           "collectives with ';' (e.g. allreduce:ring;allgather:bruck), ranges of one with ','"));
+        if (dash == std::string::npos)
           bad_spec(cat("range '", range, "' in '", part, "' has no '-' (expected lo-hi, lo- or -hi)"));
-        }
         const std::string lo = trim(range.substr(0, dash)), hi = trim(range.substr(dash + 1));
         if (!lo.empty()) r.lo = parse_bytes(lo, part);
         if (!hi.empty()) r.hi = parse_bytes(hi, part);

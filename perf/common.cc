@@ -302,15 +302,10 @@ int parse_options(int argc, char** argv, const ToolInfo& tool, Options* out, boo
         case 'a': o.average = static_cast<Average>(parse_int(optarg, 0, 3)); break;
         case 't': o.nthreads = parse_int(optarg, 1, 1024); break;
         case 'g': o.ngpus = parse_int(optarg, 1, 1); break;
-        case 'J': {
+        case 'J':
           if (*optarg == '\0') throw BadValue{"expected a file name"};
-          // Checked before the sweep, on every rank alike, rather than found unwritable after it.
-          FILE* f = std::fopen(optarg, "a");
-          if (f == nullptr) throw BadValue{std::string("cannot write it: ") + std::strerror(errno)};
-          std::fclose(f);
           o.json_path = optarg;
           break;
-        }
         case 'm': parse_int(optarg, 1, 1); break;
         case 'p': parse_int(optarg, 0, 1); break;
         case 'G': parse_int(optarg, 0, 0); break;
@@ -934,6 +929,14 @@ void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std:
   print_table_header();
 }
 
+// Whether `path` can be written (created in its folder, or overwritten), without creating it. Sets errno if not.
+bool can_write(const std::string& path) {
+  if (access(path.c_str(), F_OK) == 0) return access(path.c_str(), W_OK) == 0;
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  return access(dir.c_str(), W_OK | X_OK) == 0;
+}
+
 bool write_json(const std::string& path, const std::vector<Row>& rows, const Collective& coll, int nranks) {
   nlohmann::json records = nlohmann::json::array();
   for (const Row& row : rows) {
@@ -961,6 +964,15 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
   const int n = b.nranks();
   const int rank = b.rank();
   const bool leader = rank == 0;
+
+  // The leader alone writes -J's file: it checks that it can, before the sweep rather than after it, and stops the
+  // job if not (the other ranks' first call then fails naming it).
+  if (leader && !opts.json_path.empty() && !can_write(opts.json_path)) {
+    std::fprintf(stderr, "%s: invalid value '%s' for -J/--output_file: cannot write it: %s\n", tool.name.c_str(),
+                 opts.json_path.c_str(), std::strerror(errno));
+    b.abort();
+    return kExitUsage;
+  }
 
   if (coll.rooted() && opts.root >= n) {
     if (leader)

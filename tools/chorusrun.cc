@@ -156,24 +156,20 @@ void flush_lines(int rank, Stream& s, FILE* to, bool final) {
   std::fflush(to);
 }
 
-// Reads what is there from `s` (all of it until end of file when `drain`), passing complete lines on; closes the
-// pipe at its end.
-void pump(int rank, Stream& s, FILE* to, bool drain) {
+// Reads what `s` has (poll said it is readable), passing complete lines on; at its end, the rest, and closes it.
+void pump(int rank, Stream& s, FILE* to) {
   char buf[65536];
-  for (;;) {
-    const ssize_t got = read(s.fd, buf, sizeof(buf));
-    if (got > 0) {
-      s.partial.append(buf, static_cast<size_t>(got));
-      flush_lines(rank, s, to, false);
-      if (drain) continue;
-      return;
-    }
-    if (got < 0 && errno == EINTR) continue;
-    flush_lines(rank, s, to, true);
-    close(s.fd);
-    s.fd = -1;
+  ssize_t got;
+  do got = read(s.fd, buf, sizeof(buf));
+  while (got < 0 && errno == EINTR);
+  if (got > 0) {
+    s.partial.append(buf, static_cast<size_t>(got));
+    flush_lines(rank, s, to, false);
     return;
   }
+  flush_lines(rank, s, to, true);
+  close(s.fd);
+  s.fd = -1;
 }
 
 // The rendezvous address for ranks spread over namespaces: host 0's own address (the first non-loopback IPv4
@@ -382,7 +378,12 @@ int main(int argc, char** argv) {
       if (!r.exited) kill(-r.pid, sig);
   };
   std::chrono::steady_clock::time_point stop_at;
-  while (running > 0) {
+  // Until every rank has ended and every output pipe is at its end (a process a rank started may hold them longer;
+  // both are read as they fill, so it never blocks writing one while chorusrun waits on the other).
+  auto output_open = [&] {
+    return std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.out.fd >= 0 || r.err.fd >= 0; });
+  };
+  while (running > 0 || output_open()) {
     std::vector<pollfd> pfds;
     std::vector<std::pair<int, bool>> who;  // (rank, its stderr)
     for (int r = 0; r < n; ++r)
@@ -398,15 +399,18 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < pfds.size(); ++i) {
       if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       const auto [r, is_err] = who[i];
-      pump(r, is_err ? ranks[r].err : ranks[r].out, is_err ? stderr : stdout, false);
+      pump(r, is_err ? ranks[r].err : ranks[r].out, is_err ? stderr : stdout);
     }
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
       for (int r = 0; r < n; ++r) {
         if (ranks[r].pid != pid) continue;
-        // A rank that died (or left without destroying its communicators) may leave shm segments nobody maps.
-        if (const int n_removed = chorus::remove_shm_segments_of(pid, launch_id); n_removed > 0)
+        // A rank that died (or left without destroying its communicators) may leave shm segments nobody maps:
+        // named with this launch's id, or without one if a wrapper cleared the rank's environment.
+        if (const int n_removed =
+                chorus::remove_shm_segments_of(pid, launch_id) + chorus::remove_shm_segments_of(pid, "");
+            n_removed > 0)
           std::fprintf(stderr, "chorusrun: removed %d shared-memory segment(s) rank %d left in /dev/shm\n", n_removed,
                        r);
         ranks[r].exited = true;
@@ -423,8 +427,14 @@ int main(int argc, char** argv) {
       }
     }
     const auto now = std::chrono::steady_clock::now();
-    if (!stopping && (first_failed >= 0 || g_signal != 0 ||
-                      (timeout_s > 0 && now - start > std::chrono::duration<double>(timeout_s)))) {
+    const bool past_timeout = timeout_s > 0 && now - start > std::chrono::duration<double>(timeout_s);
+    if (running == 0) {
+      // Every rank has ended; only output that a process they started still holds is left. An interrupt or the
+      // timeout ends that wait.
+      if (g_signal != 0 || past_timeout) break;
+      continue;
+    }
+    if (!stopping && (first_failed >= 0 || g_signal != 0 || past_timeout)) {
       if (first_failed < 0) {
         exit_code = g_signal ? 128 + g_signal : 124;
         std::fprintf(stderr, "chorusrun: %s; stopping every rank\n", g_signal ? "interrupted" : "timed out");
@@ -438,10 +448,6 @@ int main(int argc, char** argv) {
       stop_all(SIGTERM);
       if (now >= stop_at + std::chrono::seconds(3)) stop_all(SIGKILL);
     }
-  }
-  for (int r = 0; r < n; ++r) {
-    if (ranks[r].out.fd >= 0) pump(r, ranks[r].out, stdout, true);
-    if (ranks[r].err.fd >= 0) pump(r, ranks[r].err, stderr, true);
   }
   return exit_code;
 }

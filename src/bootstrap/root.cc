@@ -147,10 +147,12 @@ struct Registry {
   std::condition_variable cv;
   int running = 0;
   int busy = 0;  // services with a joined rank still connected
-  // Per unique id served here, once nobody can join: what happened (root_closed_here). A few bytes per id.
+  // Per unique id served here (RootOptions::one_rendezvous), once nobody can join: what happened
+  // (root_closed_here). The most recent kMaxClosed only, oldest first in `closed_order`.
   std::map<Secret, std::string> closed;
+  std::deque<Secret> closed_order;
 };
-
+constexpr size_t kMaxClosed = 4096;
 
 Registry& registry() {
   static Registry* r = new Registry();  // never freed: detached service threads may outlive static destruction
@@ -159,7 +161,14 @@ Registry& registry() {
 
 void set_closed(const Secret& secret, const std::string& what) {
   std::lock_guard<std::mutex> lock(registry().mu);
-  registry().closed[secret] = what;
+  Registry& r = registry();
+  if (r.closed.insert_or_assign(secret, what).second) {
+    r.closed_order.push_back(secret);
+    if (r.closed_order.size() > kMaxClosed) {
+      r.closed.erase(r.closed_order.front());
+      r.closed_order.pop_front();
+    }
+  }
 }
 
 // A connection is closed if its peer queues more output than this without reading it: it is stuck or hostile.
@@ -209,10 +218,12 @@ class RootService {
     // service stops counting as busy: a process exit waits for busy services only, and would otherwise race the
     // thread's own teardown (LeakSanitizer then reported that state as leaked).
     OPENSSL_thread_stop();
-    set_closed(secret_, phase_ == Phase::Failed ? cat("its rendezvous at ", addr_, " failed (", failure_text_,
-                                                      ") and its service has stopped")
-                                                : cat("its rendezvous at ", addr_, " completed (all ", nranks_,
-                                                      " ranks joined) and its service has stopped"));
+    if (options_.one_rendezvous)
+      set_closed(secret_, phase_ == Phase::Complete ? cat("its rendezvous at ", addr_, " completed (all ", nranks_,
+                                                          " ranks joined) and its service has stopped")
+                          : phase_ == Phase::Failed ? cat("its rendezvous at ", addr_, " failed (", failure_text_,
+                                                          ") and its service has stopped")
+                                                    : cat("its service at ", addr_, " stopped"));
     set_busy(false);
   }
 
@@ -289,7 +300,6 @@ class RootService {
   // Nobody can join any more and every rank that joined has left or died.
   bool finished() const {
     if (phase_ == Phase::Gathering) return false;
-    if (phase_ == Phase::Failed && !failed_linger_.passed()) return false;
     return std::none_of(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& c) {
       return c->state == ConnState::Joined || c->state == ConnState::Rejected;
     });
@@ -539,7 +549,8 @@ class RootService {
       return;
     }
     phase_ = Phase::Complete;
-    set_closed(secret_, cat("its rendezvous at ", addr_, " completed (all ", nranks_, " ranks joined)"));
+    if (options_.one_rendezvous)
+      set_closed(secret_, cat("its rendezvous at ", addr_, " completed (all ", nranks_, " ranks joined)"));
     broadcast(frame);
     CHORUS_INFO(Bootstrap, "root %s: rendezvous complete, %d ranks", addr_.c_str(), nranks_);
     // Nobody else can join: stop listening, and drop strangers still authenticating.
@@ -617,14 +628,10 @@ class RootService {
     if (phase_ == Phase::Gathering) {
       phase_ = Phase::Failed;
       failure_text_ = text;
-      // Ranks that join later are refused with the reason rather than finding nobody listening. Any rank of a
-      // launch that could have completed joins within one timeout of the others.
-      int64_t ms = 300000;
-      try {
-        ms = param_int(Param::TimeoutMs);
-      } catch (...) {
-      }
-      failed_linger_ = Deadline::after_ms(ms);
+      // A rank of this process that joins later is refused with the reason at once (Bootstrap::join); one
+      // elsewhere finds the service gone once the ranks that joined have left.
+      if (options_.one_rendezvous)
+        set_closed(secret_, cat("its rendezvous at ", addr_, " failed (", failure_text_, ")"));
     }
     broadcast(make_buffer(MsgType::Failure, rank, -1, 0, text.data(), text.size()));
   }
@@ -763,7 +770,6 @@ class RootService {
   std::vector<std::string> rank_peer_;
   std::vector<std::vector<uint8_t>> join_blobs_;
   std::string failure_text_;
-  Deadline failed_linger_ = Deadline::after_ms(0);  // a failed rendezvous still refuses late joiners until then
   std::map<uint64_t, std::deque<Round>> rounds_;
   std::vector<int> overflowed_;
   Deadline accept_pause_ = Deadline::after_ms(0);
@@ -804,7 +810,6 @@ sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& sec
   {
     std::lock_guard<std::mutex> lock(registry().mu);
     ++registry().running;
-    registry().closed.erase(secret);  // a new rendezvous for it (chorusCommInitFromEnv again, with the job's secret)
   }
   std::thread([service] {
     service->run();

@@ -5,9 +5,8 @@
 // flushed when the socket is writable. A new connection must authenticate (auth.h) and then send JOIN within
 // RootOptions::auth_timeout_ms, else it is closed and logged; whatever a stranger does, the job goes on.
 //
-// Lifetime: the thread ends when nobody can join any more (every rank has joined, or the rendezvous failed at least
-// CHORUS_TIMEOUT_MS ago: until then a late joiner is told why) and every rank that joined has said goodbye or died;
-// until then it lives as long as the process. A unique id that is
+// Lifetime: the thread ends when nobody can join any more (every rank has joined, or the rendezvous failed) and
+// every rank that joined has said goodbye or died; until then it lives as long as the process. A unique id that is
 // created but never joined keeps its thread (and port) until the process exits.
 //
 // Frames, both directions: a 24-byte header (big-endian) followed by `length` payload bytes.
@@ -88,6 +87,10 @@ struct RootOptions {
   int auth_timeout_ms = 5000;
   // Connections allowed to be authenticating at once; more are closed at once (a flood cannot exhaust fds).
   int max_pending = 256;
+  // The secret is this rendezvous's own (chorusGetUniqueId, a split): once nobody can join, a join from this
+  // process that reuses it is refused at once (root_closed_here). False for a launcher's secret, which a process
+  // may rightly rendezvous with again (chorusCommInitFromEnv after a failure or a destroy).
+  bool one_rendezvous = false;
 };
 
 // Binds `bind_addr` (port 0 = ephemeral), starts the service thread and returns the address it is bound to, with
@@ -97,9 +100,10 @@ sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& sec
 // Root services whose thread is still running in this process (for tests and diagnostics). Thread-safe.
 int root_services_running();
 
-// When this process served the rendezvous of the unique id with `secret` and nobody can join it any more (its ranks
-// all joined, it failed, or its service stopped): what happened, for a join that reuses the id. Empty otherwise
-// (another process's id, or one still gathering). Thread-safe.
+// When this process served the rendezvous of the unique id with `secret` (RootOptions::one_rendezvous) and nobody can
+// join it any more (its ranks all joined, it failed, or its service stopped): what happened, for a join that
+// reuses the id. Empty otherwise (another process's id, a launcher's secret, or one still gathering; only the most
+// recent 4096 ids are remembered). Thread-safe.
 std::string root_closed_here(const Secret& secret);
 
 }  // namespace chorus

@@ -103,6 +103,12 @@ Socket Socket::listen(const sockaddr_storage& addr, int backlog) {
   Socket s(fd);
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (addr.ss_family == AF_INET6) {
+    // The IPv6 wildcard takes IPv4 peers too, whatever net.ipv6.bindv6only says: ranks that resolve the root's
+    // name to an IPv4 address still reach it.
+    int zero = 0;
+    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  }
   if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sockaddr_len(addr)) != 0)
     throw_sys(cat("cannot bind ", sockaddr_to_string(addr)), errno);
   if (::listen(fd, backlog) != 0) throw_sys(cat("cannot listen on ", sockaddr_to_string(addr)), errno);

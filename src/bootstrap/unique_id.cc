@@ -135,7 +135,9 @@ UniqueIdData create_unique_id() {
   data.secret = random_secret();
   sockaddr_storage bind_addr = default_address();
   set_sockaddr_port(bind_addr, 0);
-  data.root = start_root(bind_addr, data.secret);
+  RootOptions options;
+  options.one_rendezvous = true;  // a fresh random secret: this id's rendezvous is the only one with it
+  data.root = start_root(bind_addr, data.secret, options);
   CHORUS_INFO(Bootstrap, "created a unique id; its root service listens on %s", sockaddr_to_string(data.root).c_str());
   return data;
 }

@@ -154,6 +154,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
     if (!bootstrap_->failed()) bootstrap_->report_failure(cat("rank ", rank, ": communicator init failed: ", e.what()));
     throw;
   }
+  lifeline_->comm = this;  // before any call: nothing else holds it yet
   CHORUS_INFO(Core, "rank %d/%d: communicator %016llx ready (slice %zu bytes, fifo depth %d, %d channel(s)%s)", rank,
               nranks, static_cast<unsigned long long>(comm_id_), slice_bytes_, fifo_depth_, nchannels_,
               oversubscribed_ ? ", more ranks than cores: yielding" : "");
@@ -199,6 +200,10 @@ topo::Topology CommImpl::make_topology() const {
 }
 
 CommImpl::~CommImpl() {
+  {
+    std::lock_guard<std::mutex> lock(lifeline_->mu);
+    lifeline_->comm = nullptr;
+  }
   {
     std::unique_lock<std::mutex> lock(q_mu_);
     stop_ = true;

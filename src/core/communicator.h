@@ -69,6 +69,16 @@ struct RequestState {
   std::string error;
 };
 
+class CommImpl;
+
+// What a stream's host function holds instead of the communicator itself: the communicator clears it as it dies, so
+// a call the stream reaches only later (one an abort released, or a graph replayed after the destroy) finds it gone
+// instead of freed memory. Hold `mu` while using `comm`.
+struct CommLifeline {
+  std::mutex mu;
+  CommImpl* comm = nullptr;
+};
+
 class CommImpl {
  public:
   // Joins the rendezvous. Throws chorus::Error. `topology`: the machine view of this communicator's ranks, given by
@@ -81,6 +91,7 @@ class CommImpl {
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  std::shared_ptr<CommLifeline> lifeline() const { return lifeline_; }
 
   // Throws chorusInvalidArgument naming the bad argument; touches no buffer. Resolves pre-multiplied sums.
   void validate(CollArgs& a) const;
@@ -235,6 +246,7 @@ class CommImpl {
   std::string broken_text_;
 
   std::atomic<int> pending_{0};  // queued or running non-blocking work
+  std::shared_ptr<CommLifeline> lifeline_ = std::make_shared<CommLifeline>();
   std::mutex q_mu_;
   std::condition_variable q_cv_;
   struct Work {

@@ -114,7 +114,7 @@ Pool& pool() {
 
 // One enqueued call: the arguments with buffers in the staging.
 struct Op {
-  CommImpl* comm = nullptr;  // must outlive the call (and a graph that captured it)
+  std::shared_ptr<CommLifeline> lifeline;  // the communicator, while it lives
   CollArgs args;
   Staging* staging = nullptr;
   std::byte* recv = nullptr;  // the receive region in the staging, recv_bytes long
@@ -139,12 +139,19 @@ void CUDART_CB post_call(void* p) {
   Op* op = static_cast<Op*>(p);
   uint32_t* flag = op->staging->flag;
   try {
+    std::lock_guard<std::mutex> lock(op->lifeline->mu);
+    CommImpl* comm = op->lifeline->comm;
+    if (comm == nullptr) {
+      // Destroyed (after an abort released this call, or a graph replayed afterwards): the stream goes on.
+      set_flag(flag);
+      return;
+    }
     if (op->place) {
-      op->comm->post(op->place, op->args);
+      comm->post(op->place, op->args);
     } else {
       __atomic_store_n(flag, 0u, __ATOMIC_RELEASE);
-      auto place = op->comm->reserve(completion(flag, op->recv, op->recv_bytes));
-      op->comm->post(place, op->args);
+      auto place = comm->reserve(completion(flag, op->recv, op->recv_bytes));
+      comm->post(place, op->args);
     }
   } catch (...) {
     set_flag(flag);
@@ -431,7 +438,7 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
   const bool capturing = capture == cudaStreamCaptureStatusActive;
 
   auto op = std::make_unique<Op>();
-  op->comm = &comm;
+  op->lifeline = comm.lifeline();
   op->staging = pool().take(std::max<size_t>(plan.total, 1));
   std::byte* st = op->staging->host;
   op->args = std::move(a);

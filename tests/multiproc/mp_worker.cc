@@ -7,6 +7,7 @@
 //   mismatch-count / mismatch-dtype
 //              rank 0 calls all-reduce with another count / dtype; every rank must fail showing both calls
 //   smoke      one all-reduce, checked
+//   smoke-twice  the same, then again on a second communicator from the same environment (after a destroy)
 //   intruder   rank 1 connects to the rendezvous port without the secret (garbage, then idle) before joining;
 //              the job must still complete
 #include <chorus/chorus.h>
@@ -320,11 +321,28 @@ int main(int argc, char** argv) {
     rc = run_mismatch(comm, false);
   else if (mode == "mismatch-dtype")
     rc = run_mismatch(comm, true);
-  else if (mode == "intruder" || mode == "smoke") {
-    std::vector<float> v(1000, 1.0f);
-    res = chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, comm, nullptr);
-    rc = (res == chorusSuccess && v[0] == static_cast<float>(g_n)) ? 0 : 1;
-    std::printf(rc == 0 ? "smoke: job completed\n" : "FAIL smoke: %s\n", chorusGetLastError(comm));
+  else if (mode == "intruder" || mode == "smoke" || mode == "smoke-twice") {
+    auto smoke = [&](const char* done) {
+      std::vector<float> v(1000, 1.0f);
+      res = chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, comm, nullptr);
+      const int ok = (res == chorusSuccess && v[0] == static_cast<float>(g_n)) ? 0 : 1;
+      if (ok == 0)
+        std::printf("%s\n", done);
+      else
+        std::printf("FAIL smoke: %s\n", chorusGetLastError(comm));
+      return ok;
+    };
+    rc = smoke("smoke: job completed");
+    if (rc == 0 && mode == "smoke-twice") {
+      // The launcher's variables serve a second rendezvous (rank 0 serves it on the same port again).
+      chorusCommDestroy(comm);
+      comm = nullptr;
+      if (chorusCommInitFromEnv(&comm) != chorusSuccess) {
+        std::printf("FAIL second init: %s\n", chorusGetLastError(nullptr));
+        return 1;
+      }
+      rc = smoke("smoke: second communicator completed");
+    }
   } else {
     std::printf("FAIL unknown mode %s\n", mode.c_str());
   }

@@ -143,11 +143,13 @@ TEST_P(TorchrunEnvironment, TwoRanksStartedByHand) {
                           " MASTER_PORT=" + std::to_string(29000 + getpid() % 1000 + (addr == "::1" ? 1000 : 0)) +
                           " WORLD_SIZE=2 TORCHELASTIC_RUN_ID=test" + pid;
   const std::string log0 = "/tmp/chorus_torchrun0_" + pid + ".log";
-  Result r = run("sh -c '" + env + " RANK=0 LOCAL_RANK=0 " + MP_WORKER + " smoke > " + log0 + " 2>&1 & " + env +
-                 " RANK=1 LOCAL_RANK=1 " + MP_WORKER + " smoke; s1=$?; wait $!; s0=$?; cat " + log0 + "; rm -f " +
+  Result r = run("sh -c '" + env + " RANK=0 LOCAL_RANK=0 " + MP_WORKER + " smoke-twice > " + log0 + " 2>&1 & " + env +
+                 " RANK=1 LOCAL_RANK=1 " + MP_WORKER + " smoke-twice; s1=$?; wait $!; s0=$?; cat " + log0 + "; rm -f " +
                  log0 + "; exit $((s0 + s1))'");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(count_of(r.out, "smoke: job completed"), 2) << r.out;
+  // Then a second communicator from the same variables, after the first was destroyed.
+  EXPECT_EQ(count_of(r.out, "smoke: second communicator completed"), 2) << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Launcher, TorchrunEnvironment, ::testing::Values("127.0.0.1", "::1"),
@@ -171,6 +173,12 @@ TEST(Launcher, ChorusrunPrefixesLinesAndFailsWhenARankFails) {
           " -n 2 sh -c 'echo out $CHORUS_RANK; echo err $CHORUS_RANK >&2' 2>&1 >/dev/null | sort");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out, "[0] err 0\n[1] err 1\n") << r.out;
+  // A process the rank started outlives it and fills stderr past a pipe's buffer before writing stdout: chorusrun
+  // reads both until their ends (draining one, then the other, would wait on each other forever).
+  r = run(std::string("(") + CHORUSRUN +
+          " -n 1 sh -c '(sleep 0.2; head -c 200000 /dev/zero | tr \"\\000\" x >&2; echo late) & exit 0' 2>/dev/null)");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "[0] late\n") << r.out;
 }
 
 TEST(Faults, AFullDevShmIsAnErrorNotABusError) {

@@ -681,7 +681,8 @@ TEST(Bootstrap, BadRankOrNranksIsRefusedLocally) {
 
 TEST(Bootstrap, ADuplicateRankOrANranksMismatchFailsTheRendezvousForEveryRankAtOnce) {
   // The launch is misconfigured and cannot complete: the joiner is refused with the reason, and the rank already
-  // waiting, and one that comes later, fail at once with it instead of at the timeout.
+  // waiting fails at once with it instead of at the timeout; so does one of this process that comes later (the id
+  // is a unique id's: one rendezvous).
   struct Case {
     int rank, nranks;
     chorusResult_t code;
@@ -690,7 +691,11 @@ TEST(Bootstrap, ADuplicateRankOrANranksMismatchFailsTheRendezvousForEveryRankAtO
   for (const Case& bad : {Case{0, 2, chorusInvalidUsage, "rank 0 has already joined (from "},
                           Case{1, 3, chorusInvalidArgument,
                                "rank 1 joined with nranks=3 but rank 0 (first to join) joined with nranks=2"}}) {
-    UniqueIdData id = quick_root();
+    UniqueIdData id;
+    id.secret = random_secret();
+    RootOptions options;
+    options.one_rendezvous = true;
+    id.root = start_root(loopback(), id.secret, options);
     std::string waiting_error;
     std::thread first(
         [&] { waiting_error = caught([&] { Bootstrap::join(id, 0, 2, {}, Deadline::after_ms(20000)); }).what(); });
@@ -703,7 +708,8 @@ TEST(Bootstrap, ADuplicateRankOrANranksMismatchFailsTheRendezvousForEveryRankAtO
     EXPECT_TRUE(contains(waiting_error, "failed: a join from ")) << waiting_error;
     EXPECT_TRUE(contains(waiting_error, bad.text)) << waiting_error;
     Error late = caught([&] { Bootstrap::join(id, 1, 2, {}, Deadline::after_ms(20000)); });
-    EXPECT_TRUE(contains(late.what(), "already failed")) << late.what();
+    EXPECT_EQ(late.code(), chorusInvalidUsage);
+    EXPECT_TRUE(contains(late.what(), "this unique id was already used: its rendezvous at ")) << late.what();
     EXPECT_TRUE(contains(late.what(), bad.text)) << late.what();
   }
 }

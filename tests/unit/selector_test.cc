@@ -96,6 +96,8 @@ TEST(AlgoOverrides, BadSpecsNameTheVariableAndThePart) {
   // A comma where a ';' belongs: the second collective's rule is named as such.
   e = invalid_text([] { parse_algo_overrides("allreduce:ring,allgather:bruck"); });
   EXPECT_TRUE(has(e, "'allgather:bruck' in 'allreduce:ring,allgather:bruck' is a rule for another collective")) << e;
+  e = invalid_text([] { parse_algo_overrides("allreduce:ring,allgather:0-1M:bruck"); });
+  EXPECT_TRUE(has(e, "'allgather:0-1M:bruck' in 'allreduce:ring,allgather:0-1M:bruck' is a rule for another")) << e;
   e = invalid_text([] { parse_algo_overrides("allreduce"); });
   EXPECT_TRUE(has(e, "'allreduce' has no ':'")) << e;
   e = invalid_text([] { parse_algo_overrides("allreduce:0-1K:"); });

@@ -61,6 +61,7 @@ std::string launch_id() {
 
 class ShmTransport : public Transport {
  public:
+  ShmTransport() : launch_id_(launch_id()) {}  // a bad CHORUS_LAUNCH_ID fails the init, naming it
   const char* name() const override { return "shm"; }
   bool can_connect(const PeerInfo& self, const PeerInfo& peer) const override { return self.host_id == peer.host_id; }
 
@@ -69,7 +70,7 @@ class ShmTransport : public Transport {
     static std::atomic<uint64_t> counter{0};
     std::random_device rd;
     std::string name =
-        cat(segment_prefix(getpid(), launch_id()), counter++, "-", std::hex, (uint64_t{rd()} << 32) | rd());
+        cat(segment_prefix(getpid(), launch_id_), counter++, "-", std::hex, (uint64_t{rd()} << 32) | rd());
     const size_t one = SlotFifo::region_bytes(s.slot_bytes, s.fifo_depth);
     int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) throw Error(chorusSystemError, Subsys::Transport, cat("shm: shm_open ", name, ": ", errno_text()));
@@ -157,6 +158,7 @@ class ShmTransport : public Transport {
   }
 
  private:
+  const std::string launch_id_;
   std::map<std::pair<int, int>, std::pair<std::string, std::shared_ptr<Mapping>>> pending_;
 };
 
