@@ -324,6 +324,7 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  setvbuf(stderr, nullptr, _IOLBF, 0);  // ranks' stderr lines pass through it: one write per line, not per piece
 
   std::vector<Rank> ranks(n);
   const pid_t launcher = getpid();
