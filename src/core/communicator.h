@@ -92,6 +92,8 @@ class CommImpl {
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   std::shared_ptr<CommLifeline> lifeline() const { return lifeline_; }
+  // True once abort() began: waits outside the executor (the device-direct path's) poll it.
+  bool aborting() const { return aborted_.load(std::memory_order_acquire); }
 
   // Throws chorusInvalidArgument naming the bad argument; touches no buffer. Resolves pre-multiplied sums.
   void validate(CollArgs& a) const;

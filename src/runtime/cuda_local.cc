@@ -105,8 +105,9 @@ void give_up(Call& c, const std::string& why) {
 
 // Publishes `e` as rank `rank` in `phase` and waits until every rank did; returns every rank's entry. Throws
 // chorusRemoteError naming the ranks missing when the timeout passes (the call is then failed for everyone, so a
-// late rank does not go on alone), or with the reason of a rank that gave up.
-std::vector<Entry> arrive(Call& c, int phase, int rank, const Entry& e, int64_t timeout_ms) {
+// late rank does not go on alone), or with the reason of a rank that gave up. An abort of this rank's communicator
+// (`comm.aborting()`, polled every 10 ms) gives the call up for everyone.
+std::vector<Entry> arrive(const CommImpl& comm, Call& c, int phase, int rank, const Entry& e, int64_t timeout_ms) {
   std::unique_lock<std::mutex> lock(c.mu);
   const int n = static_cast<int>(c.arrived[phase].size());
   if (c.failed.empty()) {
@@ -115,17 +116,23 @@ std::vector<Entry> arrive(Call& c, int phase, int rank, const Entry& e, int64_t 
     if (++c.count[phase] == n) c.cv.notify_all();
   }
   const auto done = [&] { return c.count[phase] == n || !c.failed.empty(); };
-  if (timeout_ms > 0) {
-    if (!c.cv.wait_for(lock, std::chrono::milliseconds(std::min(timeout_ms, Deadline::kNeverMs)), done)) {
+  const Deadline deadline = Deadline::after_ms(timeout_ms > 0 ? timeout_ms : Deadline::kNeverMs);
+  while (!done()) {
+    if (comm.aborting()) {
+      c.failed = cat("rank ", rank, ": communicator was aborted");
+      c.cv.notify_all();
+      break;
+    }
+    if (deadline.passed()) {
       std::string missing;
       for (int r = 0; r < n; ++r)
         if (!c.arrived[phase][r]) missing += cat(missing.empty() ? "" : ", ", r);
       c.failed = cat("rank ", rank, ": rank(s) ", missing, " did not issue the same device collective within ",
                      timeout_ms, " ms");
       c.cv.notify_all();
+      break;
     }
-  } else {
-    c.cv.wait(lock, done);
+    c.cv.wait_for(lock, std::chrono::milliseconds(10));
   }
   if (!c.failed.empty()) throw Error(chorusRemoteError, Subsys::Core, c.failed);
   return c.phase[phase];
@@ -434,14 +441,14 @@ void enqueue_threads(CommImpl& comm, const CollArgs& a, cudaStream_t s, int devi
     Events& ev = events_of(comm, device, false);
     // Phase 0: every rank's input is ready on its stream; the calls are compared before anything is enqueued.
     check(cudaEventRecord(ev.ready, s), "cudaEventRecord");
-    const std::vector<Entry> in = arrive(*call, 0, me, call_entry(a, ev.ready, device), timeout);
+    const std::vector<Entry> in = arrive(comm, *call, 0, me, call_entry(a, ev.ready, device), timeout);
     check_same_call(in, me);
     if (a.coll == Coll::AllReduce || a.coll == Coll::ReduceScatter || a.coll == Coll::Reduce) {
       check_peer_access(in, me);
       enable_peer_access(in, device);
     }
     run_schedule(comm, a, s, device, ev, in,
-                 [&](int phase, const Entry& e) { return arrive(*call, phase, me, e, timeout); });
+                 [&](int phase, const Entry& e) { return arrive(comm, *call, phase, me, e, timeout); });
   } catch (const Error& e) {
     // Peers waiting in a phase this rank will not reach fail with this reason now, not at their timeout; their
     // streams may wait for events recorded here: nothing later on this communicator can be trusted.
