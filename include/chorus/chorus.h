@@ -96,7 +96,7 @@ typedef enum {
 } chorusRedOp_t;
 
 typedef enum {
-  chorusScalarDevice = 0,       /* scalar lives in device memory (needs CUDA) */
+  chorusScalarDevice = 0,        /* scalar lives in device memory (needs CUDA) */
   chorusScalarHostImmediate = 1, /* scalar is read from host memory when the op is created */
   chorusMinScalarResidence = -0x7fffffff - 1,
   chorusMaxScalarResidence = 0x7fffffff
@@ -187,10 +187,10 @@ chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count
  * hierarchical ring with only the messages between hosts coded; needs several hosts). Default: "qonce" ("hier"
  * for a reduce-scatter over several hosts with more than one rank on a host). */
 typedef enum {
-  chorusCodecInt8 = 1,    /* int8, one fp32 scale per block (block 32..1024 elements, multiple of 32; default 256) */
-  chorusCodecFp8E4M3 = 2, /* OCP MX fp8 e4m3, one power-of-two (E8M0) scale per 32 elements; never saturates */
-  chorusCodecInt4 = 3,    /* int4 [-7, 7], one fp16 scale per 32 elements */
-  chorusCodecSign1 = 4,   /* 1 bit per element, scale = L2 norm / sqrt(n) per block (default 2048; 1-bit Adam) */
+  chorusCodecInt8 = 1,     /* int8, one fp32 scale per block (block 32..1024 elements, multiple of 32; default 256) */
+  chorusCodecFp8E4M3 = 2,  /* OCP MX fp8 e4m3, one power-of-two (E8M0) scale per 32 elements; never saturates */
+  chorusCodecInt4 = 3,     /* int4 [-7, 7], one fp16 scale per 32 elements */
+  chorusCodecSign1 = 4,    /* 1 bit per element, scale = L2 norm / sqrt(n) per block (default 2048; 1-bit Adam) */
   chorusCodecSignVote = 5, /* signSGD with majority vote: the sign of the sum of the ranks' signs (+1 on a tie);
                               all-reduce, qonce, op sum only */
   chorusMinCodec = -0x7fffffff - 1,
