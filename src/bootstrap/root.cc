@@ -219,12 +219,15 @@ class RootService {
     // thread's own teardown (LeakSanitizer then reported that state as leaked).
     OPENSSL_thread_stop();
     if (options_.one_rendezvous)
-      set_closed(secret_, phase_ == Phase::Complete ? cat("its rendezvous at ", addr_, " completed (all ", nranks_,
-                                                          " ranks joined) and its service has stopped")
-                          : phase_ == Phase::Failed ? cat("its rendezvous at ", addr_, " failed (", failure_text_,
-                                                          ") and its service has stopped")
-                                                    : cat("its service at ", addr_, " stopped"));
+      set_closed(secret_, phase_ == Phase::Gathering ? cat("its service at ", addr_, " stopped")
+                                                     : cat(closed_text(), " and its service has stopped"));
     set_busy(false);
+  }
+
+  // For root_closed_here, once nobody can join: how the rendezvous ended.
+  std::string closed_text() const {
+    return phase_ == Phase::Complete ? cat("its rendezvous at ", addr_, " completed (all ", nranks_, " ranks joined)")
+                                     : cat("its rendezvous at ", addr_, " failed (", failure_text_, ")");
   }
 
  private:
@@ -502,8 +505,8 @@ class RootService {
       return reject(chorusInvalidUsage, cat("rank ", rank, " cannot join: all ", nranks_,
                                             " ranks of the rendezvous at ", addr_, " have joined"));
     // A join that contradicts the job (its size, or a rank already taken) means the launch is misconfigured and
-    // cannot complete: the joiner is refused and the rendezvous fails, so that the ranks already waiting, and any
-    // that come later, learn why at once instead of at the timeout.
+    // cannot complete: the joiner is refused and the rendezvous fails, so that the ranks already waiting (and later
+    // ones of this process, through root_closed_here) learn why at once instead of at the timeout.
     auto refuse_job = [&](chorusResult_t code, const std::string& text) {
       reject(code, text);
       fail(-1, cat("a join from ", c.peer, " was refused: ", text));
@@ -549,8 +552,7 @@ class RootService {
       return;
     }
     phase_ = Phase::Complete;
-    if (options_.one_rendezvous)
-      set_closed(secret_, cat("its rendezvous at ", addr_, " completed (all ", nranks_, " ranks joined)"));
+    if (options_.one_rendezvous) set_closed(secret_, closed_text());
     broadcast(frame);
     CHORUS_INFO(Bootstrap, "root %s: rendezvous complete, %d ranks", addr_.c_str(), nranks_);
     // Nobody else can join: stop listening, and drop strangers still authenticating.
@@ -630,8 +632,7 @@ class RootService {
       failure_text_ = text;
       // A rank of this process that joins later is refused with the reason at once (Bootstrap::join); one
       // elsewhere finds the service gone once the ranks that joined have left.
-      if (options_.one_rendezvous)
-        set_closed(secret_, cat("its rendezvous at ", addr_, " failed (", failure_text_, ")"));
+      if (options_.one_rendezvous) set_closed(secret_, closed_text());
     }
     broadcast(make_buffer(MsgType::Failure, rank, -1, 0, text.data(), text.size()));
   }
