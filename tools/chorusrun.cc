@@ -64,9 +64,8 @@ void usage(FILE* f) {
       "      --timeout SEC    stop every rank after SEC seconds (default: no limit)\n"
       "  -h, --help           this text\n"
       "Each rank gets CHORUS_RANK, CHORUS_NRANKS, CHORUS_LOCAL_RANK (its index on its host), CHORUS_ROOT_ADDR,\n"
-      "CHORUS_SECRET and CHORUS_LAUNCH_ID. Each line a rank writes to stdout (stderr) goes to chorusrun's stdout "
-      "(stderr) behind\n"
-      "its rank, as \"[r] \".\n");
+      "CHORUS_SECRET and CHORUS_LAUNCH_ID. Each line a rank writes to stdout (stderr) goes to chorusrun's\n"
+      "stdout (stderr) behind its rank, as \"[r] \".\n");
 }
 
 // Rank counts per emulated host from --hosts: "H" (split N in blocks) or "N0,N1,..." (explicit). Returns false
