@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <getopt.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -931,6 +932,11 @@ void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std:
 
 // Whether `path` can be written (created in its folder, or overwritten), without creating it. Sets errno if not.
 bool can_write(const std::string& path) {
+  struct stat st {};
+  if (path.back() == '/' || (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) {
+    errno = EISDIR;
+    return false;
+  }
   if (access(path.c_str(), F_OK) == 0) return access(path.c_str(), W_OK) == 0;
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);

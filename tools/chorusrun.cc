@@ -378,6 +378,8 @@ int main(int argc, char** argv) {
       if (!r.exited) kill(-r.pid, sig);
   };
   std::chrono::steady_clock::time_point stop_at;
+  // Once every rank has ended: how long output that a process they started still holds is waited for.
+  std::chrono::steady_clock::time_point output_until = std::chrono::steady_clock::time_point::max();
   // Until every rank has ended and every output pipe is at its end (a process a rank started may hold them longer;
   // both are read as they fill, so it never blocks writing one while chorusrun waits on the other).
   auto output_open = [&] {
@@ -429,9 +431,16 @@ int main(int argc, char** argv) {
     const auto now = std::chrono::steady_clock::now();
     const bool past_timeout = timeout_s > 0 && now - start > std::chrono::duration<double>(timeout_s);
     if (running == 0) {
-      // Every rank has ended; only output that a process they started still holds is left. An interrupt or the
-      // timeout ends that wait.
-      if (g_signal != 0 || past_timeout) break;
+      // Every rank has ended; only output is left, normally at its end at once. A process a rank started may hold
+      // the pipes longer: it gets 10 s, or 1 s after an interrupt or the timeout, then chorusrun stops reading.
+      const auto grace = std::chrono::seconds(g_signal != 0 || past_timeout ? 1 : 10);
+      output_until = std::min(output_until, now + grace);
+      if (now >= output_until) {
+        std::fprintf(stderr,
+                     "chorusrun: every rank has ended, but a process one started still holds its output: "
+                     "not waiting for it\n");
+        break;
+      }
       continue;
     }
     if (!stopping && (first_failed >= 0 || g_signal != 0 || past_timeout)) {
@@ -449,5 +458,13 @@ int main(int argc, char** argv) {
       if (now >= stop_at + std::chrono::seconds(3)) stop_all(SIGKILL);
     }
   }
+  for (int r = 0; r < n; ++r)  // what was left without a final newline
+    for (const bool is_err : {false, true}) {
+      Stream& s = is_err ? ranks[r].err : ranks[r].out;
+      if (s.fd < 0) continue;
+      flush_lines(r, s, is_err ? stderr : stdout, true);
+      close(s.fd);
+      s.fd = -1;
+    }
   return exit_code;
 }

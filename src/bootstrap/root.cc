@@ -303,6 +303,7 @@ class RootService {
   // Nobody can join any more and every rank that joined has left or died.
   bool finished() const {
     if (phase_ == Phase::Gathering) return false;
+    if (phase_ == Phase::Failed && !failed_linger_.passed()) return false;
     return std::none_of(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& c) {
       return c->state == ConnState::Joined || c->state == ConnState::Rejected;
     });
@@ -630,9 +631,18 @@ class RootService {
     if (phase_ == Phase::Gathering) {
       phase_ = Phase::Failed;
       failure_text_ = text;
-      // A rank of this process that joins later is refused with the reason at once (Bootstrap::join); one
-      // elsewhere finds the service gone once the ranks that joined have left.
-      if (options_.one_rendezvous) set_closed(secret_, closed_text());
+      // A rank that joins later is refused with the reason: at once from this process (Bootstrap::join), and from
+      // elsewhere by this service, which stays a while for it. Only for a unique id's own (ephemeral) port: a
+      // launcher's fixed port must be free again for a retry.
+      if (options_.one_rendezvous) {
+        set_closed(secret_, closed_text());
+        int64_t ms = 60000;
+        try {
+          ms = std::min<int64_t>(ms, param_int(Param::TimeoutMs));
+        } catch (...) {
+        }
+        failed_linger_ = Deadline::after_ms(ms);
+      }
     }
     broadcast(make_buffer(MsgType::Failure, rank, -1, 0, text.data(), text.size()));
   }
@@ -771,6 +781,7 @@ class RootService {
   std::vector<std::string> rank_peer_;
   std::vector<std::vector<uint8_t>> join_blobs_;
   std::string failure_text_;
+  Deadline failed_linger_ = Deadline::after_ms(0);  // a failed unique id's rendezvous still refuses joiners until then
   std::map<uint64_t, std::deque<Round>> rounds_;
   std::vector<int> overflowed_;
   Deadline accept_pause_ = Deadline::after_ms(0);

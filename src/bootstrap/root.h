@@ -5,8 +5,9 @@
 // flushed when the socket is writable. A new connection must authenticate (auth.h) and then send JOIN within
 // RootOptions::auth_timeout_ms, else it is closed and logged; whatever a stranger does, the job goes on.
 //
-// Lifetime: the thread ends when nobody can join any more (every rank has joined, or the rendezvous failed) and
-// every rank that joined has said goodbye or died; until then it lives as long as the process. A unique id that is
+// Lifetime: the thread ends when nobody can join any more (every rank has joined, or the rendezvous failed: for a
+// unique id's own root, at least min(CHORUS_TIMEOUT_MS, 60 s) ago, so that a late joiner is told why) and every
+// rank that joined has said goodbye or died; until then it lives as long as the process. A unique id that is
 // created but never joined keeps its thread (and port) until the process exits.
 //
 // Frames, both directions: a 24-byte header (big-endian) followed by `length` payload bytes.

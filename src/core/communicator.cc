@@ -519,6 +519,12 @@ void CommImpl::abort() {
   }
 }
 
+std::string CommImpl::stop_reason() const {
+  if (aborted_.load(std::memory_order_acquire)) return "communicator was aborted";
+  if (bootstrap_ != nullptr && bootstrap_->failed()) return bootstrap_->failure().text;
+  return std::string();
+}
+
 void CommImpl::drain() const {
   while (pending_.load(std::memory_order_acquire) > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
 }

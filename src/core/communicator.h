@@ -92,8 +92,9 @@ class CommImpl {
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   std::shared_ptr<CommLifeline> lifeline() const { return lifeline_; }
-  // True once abort() began: waits outside the executor (the device-direct path's) poll it.
-  bool aborting() const { return aborted_.load(std::memory_order_acquire); }
+  // Why a wait outside the executor (the device-direct path's) must stop now: this communicator is being aborted,
+  // or a peer failed or died (as the bootstrap heard). Empty while neither. Cheap to poll.
+  std::string stop_reason() const;
 
   // Throws chorusInvalidArgument naming the bad argument; touches no buffer. Resolves pre-multiplied sums.
   void validate(CollArgs& a) const;

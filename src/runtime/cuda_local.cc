@@ -105,8 +105,8 @@ void give_up(Call& c, const std::string& why) {
 
 // Publishes `e` as rank `rank` in `phase` and waits until every rank did; returns every rank's entry. Throws
 // chorusRemoteError naming the ranks missing when the timeout passes (the call is then failed for everyone, so a
-// late rank does not go on alone), or with the reason of a rank that gave up. An abort of this rank's communicator
-// (`comm.aborting()`, polled every 10 ms) gives the call up for everyone.
+// late rank does not go on alone), or with the reason of a rank that gave up. An abort of this rank's communicator,
+// or a peer's failure (`comm.stop_reason()`, polled every 10 ms), gives the call up for everyone.
 std::vector<Entry> arrive(const CommImpl& comm, Call& c, int phase, int rank, const Entry& e, int64_t timeout_ms) {
   std::unique_lock<std::mutex> lock(c.mu);
   const int n = static_cast<int>(c.arrived[phase].size());
@@ -118,8 +118,8 @@ std::vector<Entry> arrive(const CommImpl& comm, Call& c, int phase, int rank, co
   const auto done = [&] { return c.count[phase] == n || !c.failed.empty(); };
   const Deadline deadline = Deadline::after_ms(timeout_ms > 0 ? timeout_ms : Deadline::kNeverMs);
   while (!done()) {
-    if (comm.aborting()) {
-      c.failed = cat("rank ", rank, ": communicator was aborted");
+    if (std::string why = comm.stop_reason(); !why.empty()) {
+      c.failed = cat("rank ", rank, ": ", why);
       c.cv.notify_all();
       break;
     }

@@ -134,18 +134,23 @@ std::function<void(chorusResult_t)> completion(uint32_t* flag, std::byte* recv, 
 }
 
 // Host function, when the stream reaches the call: hand it to the communicator's worker. Never throws, never
-// blocks; if the call cannot be posted the flag is set anyway (the error is the communicator's async error).
+// blocks; if the call cannot be posted the stream is released anyway, with a zeroed result (the error is the
+// communicator's async error).
 void CUDART_CB post_call(void* p) {
   Op* op = static_cast<Op*>(p);
-  uint32_t* flag = op->staging->flag;
+  auto give_up = [op] {  // as completion() does for a failed call
+    if (op->recv != nullptr) std::memset(op->recv, 0, op->recv_bytes);
+    set_flag(op->staging->flag);
+  };
   try {
     std::lock_guard<std::mutex> lock(op->lifeline->mu);
     CommImpl* comm = op->lifeline->comm;
     if (comm == nullptr) {
       // Destroyed (after an abort released this call, or a graph replayed afterwards): the stream goes on.
-      set_flag(flag);
+      give_up();
       return;
     }
+    uint32_t* flag = op->staging->flag;
     if (op->place) {
       comm->post(op->place, op->args);
     } else {
@@ -154,7 +159,7 @@ void CUDART_CB post_call(void* p) {
       comm->post(place, op->args);
     }
   } catch (...) {
-    set_flag(flag);
+    give_up();
   }
 }
 

@@ -303,6 +303,9 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   EXPECT_EQ(json.code, 2) << json.out;
   EXPECT_NE(json.out.find("-J/--output_file: cannot write it"), std::string::npos) << json.out;
   EXPECT_EQ(json.out.find("Out of bounds"), std::string::npos) << json.out;
+  json = run(tool + " -J /tmp");  // a folder
+  EXPECT_EQ(json.code, 2) << json.out;
+  EXPECT_NE(json.out.find("cannot write it: Is a directory"), std::string::npos) << json.out;
 }
 #endif
 

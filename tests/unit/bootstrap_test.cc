@@ -721,6 +721,33 @@ Socket raw_client(const UniqueIdData& id) {
   return s;
 }
 
+TEST(Bootstrap, AFailedUniqueIdRendezvousTellsALateJoinerFromElsewhereWhy) {
+  // A unique id's root stays a while after its rendezvous failed: a rank of another process (here the bare
+  // protocol, which does not see this process's record of used ids) is refused with the reason, not left to
+  // retry a closed port until its timeout.
+  UniqueIdData id;
+  id.secret = random_secret();
+  RootOptions options;
+  options.one_rendezvous = true;
+  id.root = start_root(loopback(), id.secret, options);
+  std::thread first([&] { caught([&] { Bootstrap::join(id, 0, 2, {}, Deadline::after_ms(20000)); }); });
+  std::this_thread::sleep_for(100ms);
+  caught([&] { Bootstrap::join(id, 0, 2, {}, Deadline::after_ms(20000)); });  // the duplicate fails it
+  first.join();
+  Socket s = raw_client(id);
+  std::vector<uint8_t> join = make_frame(MsgType::Join, /*rank=*/1, /*nranks=*/2, 0, nullptr, 0);
+  s.send_all(join.data(), join.size(), Deadline::after_ms(1000));
+  uint8_t bytes[kFrameHeaderBytes];
+  s.recv_all(bytes, sizeof(bytes), Deadline::after_ms(2000));
+  FrameHeader h = decode_header(bytes);
+  EXPECT_EQ(h.type, static_cast<uint32_t>(MsgType::Reject));
+  ASSERT_LE(h.length, kMaxTextPayload);
+  std::string text(h.length, '\0');
+  s.recv_all(text.data(), text.size(), Deadline::after_ms(1000));
+  EXPECT_TRUE(contains(text, "already failed")) << text;
+  EXPECT_TRUE(contains(text, "rank 0 has already joined")) << text;
+}
+
 TEST(Bootstrap, RootRejectsOutOfRangeRankOnTheWire) {
   UniqueIdData id = quick_root();
   Socket s = raw_client(id);
