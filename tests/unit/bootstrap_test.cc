@@ -90,11 +90,12 @@ sockaddr_storage loopback(int port = 0) {
 }
 
 // A root on loopback with a short authentication timeout, as the unique id of its rendezvous.
-UniqueIdData quick_root(int auth_timeout_ms = 500) {
+UniqueIdData quick_root(int auth_timeout_ms = 500, bool one_rendezvous = false) {
   UniqueIdData id;
   id.secret = random_secret();
   RootOptions options;
   options.auth_timeout_ms = auth_timeout_ms;
+  options.one_rendezvous = one_rendezvous;
   id.root = start_root(loopback(), id.secret, options);
   return id;
 }
@@ -691,11 +692,7 @@ TEST(Bootstrap, ADuplicateRankOrANranksMismatchFailsTheRendezvousForEveryRankAtO
   for (const Case& bad : {Case{0, 2, chorusInvalidUsage, "rank 0 has already joined (from "},
                           Case{1, 3, chorusInvalidArgument,
                                "rank 1 joined with nranks=3 but rank 0 (first to join) joined with nranks=2"}}) {
-    UniqueIdData id;
-    id.secret = random_secret();
-    RootOptions options;
-    options.one_rendezvous = true;
-    id.root = start_root(loopback(), id.secret, options);
+    UniqueIdData id = quick_root(500, /*one_rendezvous=*/true);
     std::string waiting_error;
     std::thread first(
         [&] { waiting_error = caught([&] { Bootstrap::join(id, 0, 2, {}, Deadline::after_ms(20000)); }).what(); });
@@ -721,46 +718,40 @@ Socket raw_client(const UniqueIdData& id) {
   return s;
 }
 
+// Sends a bare Join for (rank, nranks) and reads the root's answer: its header and text.
+std::pair<FrameHeader, std::string> raw_join(const UniqueIdData& id, int rank, int nranks) {
+  Socket s = raw_client(id);
+  std::vector<uint8_t> join = make_frame(MsgType::Join, rank, nranks, 0, nullptr, 0);
+  s.send_all(join.data(), join.size(), Deadline::after_ms(1000));
+  uint8_t bytes[kFrameHeaderBytes];
+  s.recv_all(bytes, sizeof(bytes), Deadline::after_ms(2000));
+  const FrameHeader h = decode_header(bytes);
+  EXPECT_LE(h.length, kMaxTextPayload);
+  std::string text(std::min<uint64_t>(h.length, kMaxTextPayload), '\0');
+  s.recv_all(text.data(), text.size(), Deadline::after_ms(1000));
+  return {h, text};
+}
+
 TEST(Bootstrap, AFailedUniqueIdRendezvousTellsALateJoinerFromElsewhereWhy) {
   // A unique id's root stays a while after its rendezvous failed: a rank of another process (here the bare
   // protocol, which does not see this process's record of used ids) is refused with the reason, not left to
   // retry a closed port until its timeout.
-  UniqueIdData id;
-  id.secret = random_secret();
-  RootOptions options;
-  options.one_rendezvous = true;
-  id.root = start_root(loopback(), id.secret, options);
+  UniqueIdData id = quick_root(500, /*one_rendezvous=*/true);
   std::thread first([&] { caught([&] { Bootstrap::join(id, 0, 2, {}, Deadline::after_ms(20000)); }); });
   std::this_thread::sleep_for(100ms);
   caught([&] { Bootstrap::join(id, 0, 2, {}, Deadline::after_ms(20000)); });  // the duplicate fails it
   first.join();
-  Socket s = raw_client(id);
-  std::vector<uint8_t> join = make_frame(MsgType::Join, /*rank=*/1, /*nranks=*/2, 0, nullptr, 0);
-  s.send_all(join.data(), join.size(), Deadline::after_ms(1000));
-  uint8_t bytes[kFrameHeaderBytes];
-  s.recv_all(bytes, sizeof(bytes), Deadline::after_ms(2000));
-  FrameHeader h = decode_header(bytes);
+  const auto [h, text] = raw_join(id, /*rank=*/1, /*nranks=*/2);
   EXPECT_EQ(h.type, static_cast<uint32_t>(MsgType::Reject));
-  ASSERT_LE(h.length, kMaxTextPayload);
-  std::string text(h.length, '\0');
-  s.recv_all(text.data(), text.size(), Deadline::after_ms(1000));
   EXPECT_TRUE(contains(text, "already failed")) << text;
   EXPECT_TRUE(contains(text, "rank 0 has already joined")) << text;
 }
 
 TEST(Bootstrap, RootRejectsOutOfRangeRankOnTheWire) {
   UniqueIdData id = quick_root();
-  Socket s = raw_client(id);
-  std::vector<uint8_t> join = make_frame(MsgType::Join, /*rank=*/7, /*nranks=*/4, 0, nullptr, 0);
-  s.send_all(join.data(), join.size(), Deadline::after_ms(1000));
-  uint8_t bytes[kFrameHeaderBytes];
-  s.recv_all(bytes, sizeof(bytes), Deadline::after_ms(2000));
-  FrameHeader h = decode_header(bytes);
+  const auto [h, text] = raw_join(id, /*rank=*/7, /*nranks=*/4);
   EXPECT_EQ(h.type, static_cast<uint32_t>(MsgType::Reject));
   EXPECT_EQ(h.tag, static_cast<uint32_t>(chorusInvalidArgument));
-  ASSERT_LE(h.length, kMaxTextPayload);
-  std::string text(h.length, '\0');
-  s.recv_all(text.data(), text.size(), Deadline::after_ms(1000));
   EXPECT_EQ(text, "rank 7 is out of range for nranks=4");
 }
 
