@@ -138,7 +138,8 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm);
 /* Collective over `comm`: ranks with the same color form a new communicator, ordered by (key, old rank). A rank
  * passing CHORUS_SPLIT_NOCOLOR gets *newcomm = NULL. If any rank passes a bad argument (a negative color other than
  * CHORUS_SPLIT_NOCOLOR, or a NULL newcomm), every rank returns chorusInvalidArgument (the others' error names it),
- * no communicator is created and `comm` stays usable. */
+ * no communicator is created and `comm` stays usable. An abort of `comm`, or a peer failure it hears of, ends the
+ * wait for the new communicator's rendezvous at once on every member. */
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm);
 /* Waits for outstanding operations, then frees the communicator. */
 chorusResult_t chorusCommDestroy(chorusComm_t comm);

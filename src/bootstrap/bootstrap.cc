@@ -27,6 +27,8 @@ namespace {
 
 // After the join deadline, how long to wait for the root's list of missing ranks before giving up on it.
 constexpr int kStatusGraceMs = 1000;
+// How often a join with a caller's stop check (Bootstrap::join) calls it.
+constexpr int kStopPollMs = 20;
 // Goodbye: time to send Bye, then time for the root to close its side, before the connection is cut anyway.
 constexpr int kByeSendMs = 1000;
 constexpr int kByeCloseMs = 2000;
@@ -413,7 +415,7 @@ class RootBootstrap final : public Bootstrap {
 int bootstraps_alive() { return g_alive.load(); }
 
 std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int nranks, const Blob& info,
-                                           Deadline deadline) {
+                                           Deadline deadline, const std::function<void()>& check_stop) {
   if (nranks < 1) throw Error(chorusInvalidArgument, Subsys::Bootstrap, cat("nranks=", nranks, " must be at least 1"));
   if (rank < 0 || rank >= nranks)
     throw Error(chorusInvalidArgument, Subsys::Bootstrap, cat("rank ", rank, " is out of range for nranks=", nranks));
@@ -456,7 +458,23 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
                nranks);
 
   for (;;) {
-    if (!wait_readable(sock, deadline)) give_up_join(sock, rank, root_text, start);
+    const bool polled = check_stop && deadline.remaining_ms() > kStopPollMs;
+    if (!wait_readable(sock, polled ? Deadline::after_ms(kStopPollMs) : deadline)) {
+      if (!polled) give_up_join(sock, rank, root_text, start);
+      try {
+        check_stop();
+      } catch (const Error& e) {
+        // The others learn why from the root at once, instead of waiting for this rank until their timeout.
+        const std::string text = cat("rank ", rank, " left the rendezvous: ", e.what());
+        try {
+          write_frame(sock, MsgType::Error, rank, -1, 0, text.data(), text.size(), Deadline::after_ms(kStatusGraceMs));
+        } catch (const Error& lost) {
+          CHORUS_INFO(Bootstrap, "rank %d: could not tell the root why it left: %s", rank, lost.what());
+        }
+        throw;
+      }
+      continue;
+    }
     Frame f;
     try {
       // A frame, once started, arrives whole: finish it even if the join deadline passes meanwhile.

@@ -36,9 +36,11 @@ class Bootstrap {
   // Joins the rendezvous at `id` as `rank` of `nranks` and all-gathers `info` (each rank's blob, e.g. host id and
   // transport addresses). Blocks until every rank has joined or `deadline` passes (then throws chorusTimeout naming
   // the ranks still missing, as far as the root knows them). Throws chorusInvalidArgument for bad rank/nranks,
-  // chorusSystemError when the root cannot be reached.
+  // chorusSystemError when the root cannot be reached. `check_stop`, when given, is called about every 20 ms while
+  // the rank waits for the others; whatever it throws ends the wait (after this rank tells the root why, so the
+  // rendezvous fails for the others too): a split uses it to stop when its parent is aborted or has failed.
   static std::unique_ptr<Bootstrap> join(const UniqueIdData& id, int rank, int nranks, const Blob& info,
-                                         Deadline deadline);
+                                         Deadline deadline, const std::function<void()>& check_stop = {});
   virtual ~Bootstrap() = default;  // says goodbye to the root (unless aborted) and stops the service thread
 
   virtual int rank() const = 0;

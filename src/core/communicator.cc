@@ -72,7 +72,8 @@ std::vector<std::string> split_list(const std::string& s) {
 
 }  // namespace
 
-CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Topology* topology)
+CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Topology* topology,
+                   const std::function<void()>& check_stop)
     : rank_(rank), nranks_(nranks), secret_(id.secret) {
   if (nranks < 1) bad_arg(cat("nranks=", nranks, " must be at least 1"));
   if (rank < 0 || rank >= nranks) bad_arg(cat("rank=", rank, " is out of range [0, ", nranks, ")"));
@@ -117,7 +118,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
           " CHORUS_TRANSPORTS=", param_str(Param::Transports), " CHORUS_ALGO=", param_str(Param::Algo),
           " CHORUS_TOPO_FILE=", param_str(Param::TopoFile), " CHORUS_TUNE_FILE=", param_str(Param::TuneFile));
 
-  bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_));
+  bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_), check_stop);
   // Past the rendezvous every peer's init succeeds; a failure here must reach them, or their first call would wait
   // for this rank until the timeout.
   try {
@@ -1317,7 +1318,17 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key, bool has_newcomm) 
   std::vector<int> old_ranks;
   for (const auto& m : members) old_ranks.push_back(m.second);
   const topo::Topology view = selector_->topology().subset(old_ranks);
-  return std::make_unique<CommImpl>(decode_unique_id(raw), static_cast<int>(members.size()), new_rank, &view);
+  // The new communicator's rendezvous stops when this one is aborted or a peer of it fails (a member that never
+  // comes would otherwise be waited for until the timeout, and an abort would wait for that).
+  auto parent_stopped = [this] {
+    try {
+      check_abort();
+    } catch (const Error& e) {
+      throw Error(e.code(), Subsys::Core, cat("chorusCommSplit: the parent communicator stopped: ", e.what()));
+    }
+  };
+  return std::make_unique<CommImpl>(decode_unique_id(raw), static_cast<int>(members.size()), new_rank, &view,
+                                    parent_stopped);
 }
 
 chorusRedOp_t CommImpl::create_premul(const void* scalar, chorusDataType_t dtype) {

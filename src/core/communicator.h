@@ -83,8 +83,9 @@ class CommImpl {
  public:
   // Joins the rendezvous. Throws chorus::Error. `topology`: the machine view of this communicator's ranks, given by
   // a split from its parent's (Topology::subset); null: built from what the ranks publish and CHORUS_TOPO_FILE /
-  // CHORUS_TUNE_FILE.
-  CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Topology* topology = nullptr);
+  // CHORUS_TUNE_FILE. `check_stop`: see Bootstrap::join (a split passes its parent's check_abort).
+  CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Topology* topology = nullptr,
+           const std::function<void()>& check_stop = {});
   ~CommImpl();  // waits for queued work, says goodbye
   CommImpl(const CommImpl&) = delete;
   CommImpl& operator=(const CommImpl&) = delete;

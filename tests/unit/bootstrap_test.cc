@@ -711,6 +711,33 @@ TEST(Bootstrap, ADuplicateRankOrANranksMismatchFailsTheRendezvousForEveryRankAtO
   }
 }
 
+TEST(Bootstrap, AJoinsStopCheckEndsItsWaitAndTellsTheOthers) {
+  // Ranks 0 and 1 of 3 wait for rank 2, which never comes. Rank 0's stop check (a split's parent being aborted)
+  // fires after 300 ms: rank 0 gets that error, and rank 1 learns why from the root at once, both long before the
+  // 60 s deadline.
+  UniqueIdData id = quick_root();
+  std::atomic<bool> stop{false};
+  std::string waiting_error;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread other(
+      [&] { waiting_error = caught([&] { Bootstrap::join(id, 1, 3, {}, Deadline::after_ms(60000)); }).what(); });
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(300ms);
+    stop = true;
+  });
+  Error stopped = caught([&] {
+    Bootstrap::join(id, 0, 3, {}, Deadline::after_ms(60000), [&] {
+      if (stop) throw Error(chorusInvalidUsage, Subsys::Core, "the parent was aborted");
+    });
+  });
+  stopper.join();
+  other.join();
+  EXPECT_EQ(stopped.code(), chorusInvalidUsage);
+  EXPECT_STREQ(stopped.what(), "the parent was aborted");
+  EXPECT_TRUE(contains(waiting_error, "rank 0 left the rendezvous: the parent was aborted")) << waiting_error;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
 // Speaks the wire protocol directly, as a buggy or hostile (but authenticated) client would.
 Socket raw_client(const UniqueIdData& id) {
   Socket s = Socket::connect(id.root, Deadline::after_ms(2000));
