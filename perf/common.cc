@@ -757,7 +757,8 @@ void print_row(const Row& row) {
 struct RankInfo {
   int32_t rank = 0;
   int32_t pid = 0;
-  char host[120] = {};
+  int32_t can_write_json = 1;  // the leader's verdict on -J's file; 1 on the other ranks
+  char host[116] = {};
 };
 static_assert(sizeof(RankInfo) == 128);
 
@@ -971,14 +972,12 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
   const int rank = b.rank();
   const bool leader = rank == 0;
 
-  // The leader alone writes -J's file: it checks that it can, before the sweep rather than after it, and stops the
-  // job if not (the other ranks' first call then fails naming it).
-  if (leader && !opts.json_path.empty() && !can_write(opts.json_path)) {
+  // The leader alone writes -J's file: it checks that it can before the sweep rather than after it, and tells the
+  // other ranks with the first exchange below, so that every rank exits with the usage code.
+  const bool json_refused = leader && !opts.json_path.empty() && !can_write(opts.json_path);
+  if (json_refused)
     std::fprintf(stderr, "%s: invalid value '%s' for -J/--output_file: cannot write it: %s\n", tool.name.c_str(),
                  opts.json_path.c_str(), std::strerror(errno));
-    b.abort();
-    return kExitUsage;
-  }
 
   if (coll.rooted() && opts.root >= n) {
     if (leader)
@@ -995,9 +994,11 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
     RankInfo me;
     me.rank = rank;
     me.pid = static_cast<int32_t>(getpid());
+    me.can_write_json = json_refused ? 0 : 1;
     gethostname(me.host, sizeof me.host - 1);
     std::vector<RankInfo> infos(static_cast<size_t>(n));
     b.allgather(&me, infos.data(), sizeof me);
+    if (infos[0].can_write_json == 0) return kExitUsage;
     if (leader) print_header(opts, tool, b, infos);
 
     const std::vector<size_t> sizes = sweep_sizes(opts);

@@ -306,6 +306,12 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   json = run(tool + " -J /tmp");  // a folder
   EXPECT_EQ(json.code, 2) << json.out;
   EXPECT_NE(json.out.find("cannot write it: Is a directory"), std::string::npos) << json.out;
+  // Under a launcher the other ranks learn rank 0's verdict and exit 2 with it: they used to fail their first call
+  // and exit 1, sometimes before rank 0, and chorusrun then reported rank 1's code.
+  Result launched = run(std::string(CHORUSRUN) + " -n 3 " + ALL_REDUCE_PERF + " -b 8 -e 64 -n 2 -w 1 -J /tmp");
+  EXPECT_EQ(launched.code, 2) << launched.out;
+  EXPECT_NE(launched.out.find("cannot write it: Is a directory"), std::string::npos) << launched.out;
+  EXPECT_EQ(launched.out.find("exited with code 1"), std::string::npos) << launched.out;
 }
 #endif
 
