@@ -285,7 +285,10 @@ chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t d
 chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream);
 /* Groups nest; the outermost chorusGroupEnd issues everything called since the outermost chorusGroupStart on
- * this thread. Inside a group only chorusSend and chorusRecv are allowed (anything else is chorusInvalidUsage).
+ * this thread. Inside a group the calls that communicate are chorusSend and chorusRecv only: a collective, an
+ * init, chorusCommSplit or chorusCommDestroy there is chorusInvalidUsage (it would wait for peers that wait for this
+ * group, or drop what it queued). chorusCommAbort, the queries, chorusWait/chorusTest and the reduction ops are
+ * allowed.
  * A group that spans several communicators issues them one after another, in the order they first appear. */
 chorusResult_t chorusGroupStart(void);
 chorusResult_t chorusGroupEnd(void);

@@ -472,6 +472,7 @@ class RootService {
         if (payload.size() == sizeof(uint64_t) && phase_ == Phase::Complete) {
           uint64_t progress = 0;
           std::memcpy(&progress, payload.data(), sizeof(progress));
+          departed_notes_[c.rank] = progress;
           if (progress < lowest_note_) {
             lowest_note_ = progress;
             for (int r = 0; r < nranks_; ++r)
@@ -481,6 +482,7 @@ class RootService {
           }
         }
         close_conn(c);
+        if (phase_ == Phase::Complete) fail_rounds_without_departed();
         return;
       case MsgType::StatusQuery: {
         std::string text = status_text();
@@ -589,7 +591,34 @@ class RootService {
       }
       rounds.pop_front();
     }
-    if (rounds.empty()) rounds_.erase(key);
+    if (rounds.empty()) {
+      rounds_.erase(key);
+      return;
+    }
+    fail_rounds_without_departed();
+  }
+
+  // A gather that a rank which has left (destroyed its communicator) did not join can never complete: the ranks in
+  // it are told at once (a split called after a peer's destroy), instead of waiting for it until their timeout.
+  void fail_rounds_without_departed() {
+    for (const auto& [key, rounds] : rounds_) {
+      for (const Round& round : rounds) {
+        std::string departed, waiting;
+        for (int r = 0; r < nranks_; ++r) {
+          if (round.have[r])
+            waiting += cat(waiting.empty() ? "" : ", ", r);
+          else if (by_rank_[r] == nullptr)
+            departed += cat(departed.empty() ? "" : ", ", r);
+        }
+        if (departed.empty()) continue;
+        const std::string text =
+            cat("rank(s) ", departed, " left (destroyed the communicator) without joining the bootstrap ",
+                msg_type_name(static_cast<uint32_t>(key >> 32)), " with tag ", static_cast<uint32_t>(key),
+                " that rank(s) ", waiting, " are in, so it cannot complete");
+        rounds_.clear();  // told once: none of them can complete now
+        return fail(-1, text);
+      }
+    }
   }
 
   void on_p2p(Conn& c, const FrameHeader& h, std::vector<uint8_t> payload) {
@@ -603,9 +632,15 @@ class RootService {
       return;
     }
     if (dest == nullptr) {
-      // The destination left or died (a death was already reported to everyone): nobody can receive it.
+      // The destination left or died (a death was already reported to everyone): nobody can receive it. The sender
+      // gets the note the rank left with (it may have it already): a rank that waits for a point-to-point
+      // connection to it then fails at once instead of at its timeout.
       CHORUS_WARN(Bootstrap, "root %s: dropped a message from rank %d to rank %d (tag %u): rank %d has left",
                   addr_.c_str(), c.rank, h.to, h.tag, h.to);
+      auto note = departed_notes_.find(h.to);
+      if (note != departed_notes_.end())
+        enqueue(c,
+                make_buffer(MsgType::Deliver, h.to, c.rank, Bootstrap::kTagLeft, &note->second, sizeof(note->second)));
       return;
     }
     enqueue(*dest, make_buffer(MsgType::Deliver, c.rank, h.to, h.tag, payload.data(), payload.size()));
@@ -775,9 +810,10 @@ class RootService {
 
   bool busy_ = false;
   int njoined_ = 0;
-  std::vector<bool> joined_;           // ever joined
-  std::vector<Conn*> by_rank_;         // live connection of each joined rank
-  uint64_t lowest_note_ = UINT64_MAX;  // the lowest leave note delivered (Bootstrap::leave_note)
+  std::vector<bool> joined_;                // ever joined
+  std::vector<Conn*> by_rank_;              // live connection of each joined rank
+  uint64_t lowest_note_ = UINT64_MAX;       // the lowest leave note delivered (Bootstrap::leave_note)
+  std::map<int, uint64_t> departed_notes_;  // every leave note, by rank
   std::vector<std::string> rank_peer_;
   std::vector<std::vector<uint8_t>> join_blobs_;
   std::string failure_text_;

@@ -131,6 +131,15 @@ struct GroupState {
 };
 thread_local GroupState t_group;
 
+// Calls that block on their peers, or would end the group's queued calls, are refused inside a group: they would
+// wait for peers that wait for this group's chorusGroupEnd, or drop what it queued.
+void refuse_in_group(const char* call) {
+  if (t_group.depth > 0)
+    throw Error(
+        chorusInvalidUsage, Subsys::Core,
+        cat(call, " inside a group (only chorusSend/chorusRecv may be called there; call chorusGroupEnd first)"));
+}
+
 // Device buffers (CUDA builds): a call with a stream, or with device buffers, is stream-ordered
 // (src/runtime/cuda_stream.h); the other forms take host buffers only.
 bool uses_device(const CollArgs& a) {
@@ -301,6 +310,7 @@ chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId) {
 chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank) {
   return guarded(nullptr, [&] {
     if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
+    refuse_in_group("chorusCommInitRank");
     *comm = wrap(std::make_unique<CommImpl>(decode_unique_id(commId), nranks, rank));
   });
 }
@@ -308,6 +318,7 @@ chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId
 chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
   return guarded(nullptr, [&] {
     if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
+    refuse_in_group("chorusCommInitFromEnv");
     LaunchEnv env = read_launch_env();
     UniqueIdData id;
     id.secret = env.secret;
@@ -326,6 +337,7 @@ chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm
   return guarded(comm, [&] {
     const Live use(comm);
     CommImpl& c = *use;
+    refuse_in_group("chorusCommSplit");
     CommImpl::Guard guard(c);
     auto impl = c.split(color, key, newcomm != nullptr);
     *newcomm = impl ? wrap(std::move(impl)) : nullptr;
@@ -335,6 +347,7 @@ chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm
 chorusResult_t chorusCommDestroy(chorusComm_t comm) {
   return guarded(nullptr, [&] {
     const Live use(comm);
+    refuse_in_group("chorusCommDestroy");
     {
       // Refused while another thread is inside a call on this communicator.
       CommImpl::Guard guard(*use);

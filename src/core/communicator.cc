@@ -593,7 +593,18 @@ void CommImpl::check_peer_calls(const WireHeader& call) const {
 }
 
 void CommImpl::check_gone_past(int peer, const WireHeader& call) const {
-  if ((call.seq >> 63) != 0) return;  // point-to-point calls are not sequenced
+  if ((call.seq >> 63) != 0) {
+    // Point-to-point calls are not sequenced, but a peer that destroyed its communicator takes part in none.
+    for (const auto& [from, note] : bootstrap_->peek(Bootstrap::kTagLeft)) {
+      uint64_t last = 0;
+      if (from != peer || note.size() != sizeof(last)) continue;
+      std::memcpy(&last, note.data(), sizeof(last));
+      throw Error(chorusRemoteError, Subsys::Runtime,
+                  cat("rank ", peer, " destroyed its communicator (after its collective #", last,
+                      "), so it takes no part in ", describe_header(call)));
+    }
+    return;
+  }
   for_each_waiting_header([&](int from, const WireHeader& theirs) {
     if (from == peer && theirs.comm_id == call.comm_id && (theirs.seq >> 63) == 0 && theirs.seq > call.seq)
       throw Error(chorusRemoteError, Subsys::Runtime,

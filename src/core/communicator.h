@@ -194,7 +194,9 @@ class CommImpl {
   void for_each_waiting_header(const std::function<void(int, const WireHeader&)>& visit) const;
   // While waiting for `peer` to connect for collective `call`: throws chorusRemoteError when `peer` has sent
   // anything of a later collective. With the same arguments it would need the same connection, so it could not
-  // have finished `call` without it: it called `call` with other arguments.
+  // have finished `call` without it: it called `call` with other arguments. For a point-to-point `call`: throws
+  // when `peer` has destroyed its communicator (its leave note, which the root also sends to whoever asks it to
+  // relay a message to a rank that has left).
   void check_gone_past(int peer, const WireHeader& call) const;
   void fail(const Error& e);
   void worker_loop();

@@ -392,6 +392,51 @@ TEST(Communicator, AnAbortEndsADestroyThatWaitsForQueuedWork) {
   EXPECT_EQ(chorusCommAbort(c[1]), chorusSuccess);
 }
 
+TEST(Communicator, ASplitAfterAPeerDestroyedItsCommunicatorFailsAtOnceNamingIt) {
+  // Rank 2 destroys its communicator while ranks 0 and 1 split: the split's exchange can never complete, and the
+  // root tells them so at once (it used to wait until the timeout).
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "120000");
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c[3] = {nullptr, nullptr, nullptr};
+  {
+    std::vector<std::thread> init;
+    for (int r = 0; r < 3; ++r)
+      init.emplace_back([&, r] { ASSERT_EQ(chorusCommInitRank(&c[r], 3, id, r), chorusSuccess); });
+    for (auto& t : init) t.join();
+  }
+  ASSERT_EQ(chorusCommDestroy(c[2]), chorusSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> split;
+  for (int r = 0; r < 2; ++r)
+    split.emplace_back([&, r] {
+      chorusComm_t sub = nullptr;
+      EXPECT_EQ(chorusCommSplit(c[r], 0, r, &sub), chorusRemoteError);
+      const std::string err = chorusGetLastError(c[r]);
+      EXPECT_NE(err.find("rank(s) 2 left (destroyed the communicator)"), std::string::npos) << err;
+      EXPECT_EQ(sub, nullptr);
+    });
+  for (auto& t : split) t.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << "the split waited out the timeout";
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(chorusCommAbort(c[r]), chorusSuccess);
+}
+
+TEST(PointToPoint, ASendToAPeerThatDestroyedItsCommunicatorFailsAtOnceNamingIt) {
+  // Rank 1 destroys its communicator; rank 0 then sends to it: the send fails at once naming it
+  // (it used to wait for the connection until the timeout, blaming a collective it had not called).
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "120000");
+  chorusComm_t c[2];
+  init_pair(c);
+  ASSERT_EQ(chorusCommDestroy(c[1]), chorusSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  int32_t x = 7;
+  EXPECT_EQ(chorusSend(&x, 1, chorusInt32, 1, c[0], nullptr), chorusRemoteError);
+  std::string err = chorusGetLastError(c[0]);
+  EXPECT_NE(err.find("rank 1 destroyed its communicator"), std::string::npos) << err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << "the send waited out the timeout";
+  EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess);
+}
+
 TEST(Communicator, ReusingAUniqueIdIsRefusedAtOnce) {
   // A unique id serves one rendezvous; a second init with it used to retry the closed port until the timeout.
   chorusUniqueId id;
@@ -550,6 +595,30 @@ TEST(PointToPoint, GroupedExchangeInBothDirections) {
     ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
     EXPECT_EQ(from_prev[count - 1], (r + n - 1) % n);
     EXPECT_EQ(from_next[0], 100 + (r + 1) % n);
+  });
+}
+
+TEST(PointToPoint, CallsThatWouldWaitOrDropTheGroupAreRefusedInsideIt) {
+  // A destroy inside a group used to be accepted and drop the queued calls (the group's end then failed on a dead
+  // handle); a split or an init would wait for peers that wait for this group's end.
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t c) {
+    int64_t mine = 10 + r, theirs = -1;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusSend(&mine, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusRecv(&theirs, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusCommDestroy(c), chorusInvalidUsage);
+    EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("chorusCommDestroy inside a group"), std::string::npos)
+        << chorusGetLastError(nullptr);
+    chorusComm_t other = nullptr;
+    EXPECT_EQ(chorusCommSplit(c, 0, r, &other), chorusInvalidUsage);
+    chorusUniqueId id{};
+    EXPECT_EQ(chorusCommInitRank(&other, 2, id, r), chorusInvalidUsage);
+    EXPECT_EQ(other, nullptr);
+    int n = 0;
+    EXPECT_EQ(chorusCommCount(c, &n), chorusSuccess);  // a query is fine
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(theirs, 10 + (1 - r));
   });
 }
 
