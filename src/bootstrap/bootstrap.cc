@@ -437,10 +437,17 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
                 cat("rank ", rank, ": this unique id was already used: ", closed,
                     "; a unique id serves one communicator (make a new one with chorusGetUniqueId)"));
   Socket sock;
-  try {
-    sock = Socket::connect(id.root, deadline);
-  } catch (const Error& e) {
-    throw Error(e.code(), Subsys::Bootstrap, cat("rank ", rank, ": cannot reach the bootstrap root: ", e.what()));
+  for (;;) {  // in slices when there is a stop check, which may end the retries (the root may be gone with it)
+    const bool polled = check_stop && deadline.remaining_ms() > 200;
+    const Deadline slice = polled ? Deadline::after_ms(200) : deadline;
+    try {
+      sock = Socket::connect(id.root, slice);
+      break;
+    } catch (const Error& e) {
+      if (!polled || !slice.passed())  // the whole wait is over, or the error is not one to retry
+        throw Error(e.code(), Subsys::Bootstrap, cat("rank ", rank, ": cannot reach the bootstrap root: ", e.what()));
+    }
+    check_stop();
   }
   try {
     auth_client(sock, id.secret, deadline);
