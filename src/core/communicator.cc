@@ -788,6 +788,13 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   if (text.rfind(what + ": ", 0) == 0) text.erase(0, what.size() + 2);
   if (text.rfind(self, 0) == 0) text.erase(0, self.size());
   text = what + ": " + text;
+  if (aborted_.load(std::memory_order_acquire)) {
+    // The abort is the cause, whatever the executor saw first (often the bootstrap's own closed connection, which
+    // a failed wait would blame on the peer it waited for).
+    Error aborted(chorusInvalidUsage, Subsys::Core, cat(what, ": communicator was aborted"));
+    fail(aborted);
+    throw aborted;
+  }
   // A local symptom (a closed socket, a refused connection, a timeout) usually follows a failure elsewhere that the
   // bootstrap is about to announce; wait briefly for it so the error names the root cause. Errors this rank found
   // itself (a mismatched header: Runtime) are the root cause already.

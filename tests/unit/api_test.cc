@@ -366,6 +366,27 @@ TEST(Communicator, AbortFromAnotherThreadRacesCallsDestroyAndAbortSafely) {
   }
 }
 
+TEST(Communicator, ACallThatAnAbortEndsSaysSo) {
+  // Rank 0 waits in an all-reduce that rank 1 never calls; a watchdog aborts rank 0. The call's error is the abort
+  // (chorusInvalidUsage), not a remote error blaming rank 1 for the closed bootstrap connection, as it sometimes was.
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "120000");
+  for (int it = 0; it < 5; ++it) {
+    chorusComm_t c[2];
+    init_pair(c);
+    std::thread watchdog([&, it] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50 + 40 * it));
+      EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess);
+    });
+    float x = 1;
+    EXPECT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c[0], nullptr), chorusInvalidUsage);
+    const std::string err = chorusGetLastError(nullptr);
+    EXPECT_NE(err.find("communicator was aborted"), std::string::npos) << err;
+    EXPECT_EQ(err.find("rank 1"), std::string::npos) << err;
+    watchdog.join();
+    EXPECT_EQ(chorusCommAbort(c[1]), chorusSuccess);
+  }
+}
+
 TEST(Communicator, AnAbortEndsADestroyThatWaitsForQueuedWork) {
   // Rank 0 queues an all-reduce rank 1 never joins, then destroys: the destroy waits for the queued work. A
   // watchdog's abort must end that wait at once (it used to find the handle retired, chorusInvalidUsage, and the
