@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -80,9 +81,17 @@ int parse_int(const std::string& text, const char* name) {
   errno = 0;
   char* end = nullptr;
   long v = std::strtol(text.c_str(), &end, 10);
-  if (end == text.c_str() || *end != '\0' || errno != 0 || v < INT32_MIN || v > INT32_MAX)
+  // Whitespace is refused at either end (strtol alone would take it in front only).
+  if (end == text.c_str() || *end != '\0' || errno != 0 || v < INT32_MIN || v > INT32_MAX ||
+      std::isspace(static_cast<unsigned char>(text.front())))
     bad(cat(name, "='", text, "' is not an integer"));
   return static_cast<int>(v);
+}
+
+int parse_port(const std::string& text, const char* name) {
+  const int port = parse_int(text, name);
+  if (port < 1 || port > 65535) bad(cat(name, "='", text, "': port ", port, " is out of range [1, 65535]"));
+  return port;
 }
 
 // A value from its CHORUS_* override, else from the launcher's variable (or its alternative spelling).
@@ -202,26 +211,29 @@ LaunchEnv read_launch_env() {
   const auto slurm_job = env("SLURM_JOB_ID");
   if (param_is_set(Param::RootAddr)) {
     std::tie(out.root_host, out.root_port) = parse_host_port(param_str(Param::RootAddr), "CHORUS_ROOT_ADDR");
+    out.root_from = "CHORUS_ROOT_ADDR";
   } else if (master_addr) {
     if (!master_port) bad("MASTER_ADDR is set but MASTER_PORT is not");
     out.root_host = *master_addr;
-    out.root_port = parse_int(*master_port, "MASTER_PORT");
+    out.root_port = parse_port(*master_port, "MASTER_PORT");
+    out.root_from = "MASTER_ADDR/MASTER_PORT";
   } else if (slurm_nodes && slurm_job) {
     out.root_host = slurm_first_host(*slurm_nodes, slurm_nodes_name);
     if (master_port) {
-      out.root_port = parse_int(*master_port, "MASTER_PORT");
+      out.root_port = parse_port(*master_port, "MASTER_PORT");
+      out.root_from = cat(slurm_nodes_name, "/MASTER_PORT");
     } else {
       int job = parse_int(*slurm_job, "SLURM_JOB_ID");
       if (job < 0) bad(cat("SLURM_JOB_ID=", job, " must not be negative"));
       // Every rank computes the same port without talking; the job id spreads concurrent jobs on one node.
       out.root_port = 29500 + job % 1000;
+      out.root_from = cat(slurm_nodes_name, "/SLURM_JOB_ID (port 29500 + SLURM_JOB_ID % 1000)");
     }
   } else {
     bad(master_port ? std::string("MASTER_PORT is set but MASTER_ADDR is not")
                     : std::string("no rendezvous address: set CHORUS_ROOT_ADDR=host:port (or MASTER_ADDR and "
                                   "MASTER_PORT)"));
   }
-  if (out.root_port < 1 || out.root_port > 65535) bad(cat("root port ", out.root_port, " is out of range [1, 65535]"));
 
   // Secret.
   if (param_is_set(Param::Secret)) {

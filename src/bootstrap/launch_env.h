@@ -16,6 +16,7 @@ struct LaunchEnv {
   int local_rank = -1;    // rank within this host; -1 when the launcher does not say
   std::string root_host;  // where rank 0 serves the rendezvous (a name or an address)
   int root_port = 0;
+  std::string root_from;  // the variable(s) the root address came from, for errors: "MASTER_ADDR/MASTER_PORT", ...
   Secret secret{};
   std::string source;  // who gave the rank: "chorus", "torchrun", "openmpi", "slurm" or "pmi"
 };

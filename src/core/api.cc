@@ -327,7 +327,12 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
       // Rank 0 serves the rendezvous on the launcher's port, on every local address of the family the root's
       // address resolves to (the others resolve the same name): IPv4, or IPv6 for a MASTER_ADDR such as ::1.
       sockaddr_storage any = resolve(id.root.ss_family == AF_INET6 ? "::" : "0.0.0.0", env.root_port);
-      start_root_service(any, env.secret);
+      try {
+        start_root_service(any, env.secret);
+      } catch (const Error& e) {
+        throw Error(e.code(), e.subsys(),
+                    cat("rank 0 cannot serve the rendezvous on the port that ", env.root_from, " give(s): ", e.what()));
+      }
     }
     *comm = wrap(std::make_unique<CommImpl>(id, env.nranks, env.rank));
   });

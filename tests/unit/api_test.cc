@@ -2,6 +2,9 @@
 // and no buffer touched), use after destroy, non-blocking requests, split, groups, misuse from two threads, and the
 // C++ layer.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chorus/chorus.hpp>
@@ -456,6 +459,30 @@ TEST(PointToPoint, ASendToAPeerThatDestroyedItsCommunicatorFailsAtOnceNamingIt) 
   EXPECT_NE(err.find("rank 1 destroyed its communicator"), std::string::npos) << err;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << "the send waited out the timeout";
   EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess);
+}
+
+TEST(Communicator, InitFromEnvOnABusyPortNamesTheVariablesItCameFrom) {
+  // Rank 0 serves the rendezvous on MASTER_PORT; when that port is taken the error used to say only "cannot bind".
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  ScopedEnv a("MASTER_ADDR", "127.0.0.1"), p("MASTER_PORT", port.c_str()), r("RANK", "0"), w("WORLD_SIZE", "1"),
+      secret("CHORUS_SECRET", "00112233445566778899aabbccddeeff");
+  chorusComm_t comm = nullptr;
+  EXPECT_NE(chorusCommInitFromEnv(&comm), chorusSuccess);
+  const std::string err = chorusGetLastError(nullptr);
+  EXPECT_NE(err.find("rank 0 cannot serve the rendezvous on the port that MASTER_ADDR/MASTER_PORT give(s)"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find(port), std::string::npos) << err;
+  EXPECT_EQ(comm, nullptr);
+  close(fd);
 }
 
 TEST(Communicator, ReusingAUniqueIdIsRefusedAtOnce) {

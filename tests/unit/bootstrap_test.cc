@@ -441,6 +441,8 @@ TEST(LaunchEnv, ErrorsNameTheVariable) {
   env.set("RANK", "abc");
   env.set("WORLD_SIZE", "2");
   EXPECT_TRUE(contains(error_text(), "RANK='abc' is not an integer"));
+  env.set("RANK", " 0");  // whitespace is refused at either end, as it was after the number
+  EXPECT_TRUE(contains(error_text(), "RANK=' 0' is not an integer"));
   env.set("RANK", "2");
   EXPECT_TRUE(contains(error_text(), "RANK=2 is out of range for WORLD_SIZE=2"));
   env.set("RANK", "0");
@@ -448,7 +450,7 @@ TEST(LaunchEnv, ErrorsNameTheVariable) {
   env.set("MASTER_ADDR", "host");
   EXPECT_TRUE(contains(error_text(), "MASTER_PORT"));
   env.set("MASTER_PORT", "99999");
-  EXPECT_TRUE(contains(error_text(), "out of range"));
+  EXPECT_TRUE(contains(error_text(), "MASTER_PORT='99999': port 99999 is out of range [1, 65535]"));
   env.set("MASTER_PORT", "1000");
   EXPECT_TRUE(contains(error_text(), "set CHORUS_SECRET"));
   env.set("CHORUS_SECRET", "xyz");
