@@ -3,9 +3,9 @@
  *
  * Conventions for every function here:
  *  - Counts are numbers of elements (not bytes) and are 64-bit; byte sizes are count * chorusTypeSize(dtype).
- *  - Every function returns a chorusResult_t. On failure, chorusGetLastError(comm) (or chorusGetLastError(NULL)
- *    for errors without a communicator) returns text naming the rank and, where it applies, the peer, the
- *    collective and its sequence number.
+ *  - Every function returns a chorusResult_t. On failure, chorusGetLastError(comm) (or chorusGetLastError(NULL):
+ *    this thread's last error, also of calls without a communicator) returns text naming the rank and, where it
+ *    applies, the peer, the collective and its sequence number.
  *  - Arguments are validated before anything happens: a bad argument returns chorusInvalidArgument and no
  *    buffer is read or written.
  *  - Thread safety: one communicator is driven by one thread at a time (as with NCCL and MPI); different
@@ -118,15 +118,19 @@ typedef struct CUstream_st* chorusStream_t;
 /* ---- Library ---- */
 chorusResult_t chorusGetVersion(int* version);
 const char* chorusGetErrorString(chorusResult_t result);
-/* Text of the last error on `comm` in this thread (or of the last error without a communicator when comm is
- * NULL). Never NULL; empty when there was none. Valid until the next call on this thread. */
+/* Text of the last error of a call on `comm`, made from any thread. With comm NULL (or a handle already destroyed
+ * or aborted): the last error of any call made on this thread. Never NULL; empty when there was none. Valid until
+ * this thread's next call of chorusGetLastError. */
 const char* chorusGetLastError(chorusComm_t comm);
 /* Size in bytes of one element of `dtype`, or 0 if dtype is invalid. */
 size_t chorusTypeSize(chorusDataType_t dtype);
 
 /* ---- Communicators ---- */
 /* Creates a unique id and starts the rendezvous service in this process. The service must live until every rank
- * has initialised, so call this from a process that stays alive (typically rank 0). */
+ * has initialised, so call this from a process that stays alive (typically rank 0). Each id holds one thread and
+ * a listening socket, which also relay the communicator's bootstrap messages, until its ranks have destroyed it
+ * (or its rendezvous failed); an id that no rank ever uses holds them for the life of the process (as in NCCL), so
+ * create one id per communicator, not ahead of need. */
 chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId);
 /* Collective over `nranks` processes or threads: each calls it with its own `rank` in [0, nranks). Blocks until all
  * have joined or CHORUS_TIMEOUT_MS passes. */

@@ -12,6 +12,10 @@
 //   r.wait();
 #pragma once
 
+#if __cplusplus < 202002L
+#error "chorus.hpp needs C++20 (std::span): compile with -std=c++20, or use the C API of chorus.h"
+#endif
+
 #include <chorus/chorus.h>
 
 #include <cstdint>

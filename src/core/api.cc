@@ -60,7 +60,10 @@ chorusResult_t guarded(chorusComm* comm, F&& f) {
   } catch (const Error& e) {
     // Every error of a communicator names the rank that reports it.
     std::string text = e.what();
-    if (comm != nullptr && comm->rank >= 0 && text.rfind("rank ", 0) != 0) text = cat("rank ", comm->rank, ": ", text);
+    if (comm != nullptr && comm->rank >= 0) {
+      const std::string self = cat("rank ", comm->rank, ": ");
+      if (text.rfind(self, 0) != 0) text = self + text;  // "rank is NULL" and "rank 2 left ..." get it too
+    }
     CHORUS_INFO(Core, "%s", text.c_str());
     set_error(comm, text);
     return e.code();
@@ -293,9 +296,11 @@ const char* chorusGetErrorString(chorusResult_t r) {
 
 const char* chorusGetLastError(chorusComm_t comm) {
   if (comm == nullptr || comm->impl.load(std::memory_order_acquire) == nullptr) return t_last_error.c_str();
+  // Copied into a buffer of its own, so that asking about a communicator leaves this thread's last error alone.
+  thread_local std::string t_comm_error;
   std::lock_guard<std::mutex> lock(comm->err_mu);
-  t_last_error = comm->last_error;
-  return t_last_error.c_str();
+  t_comm_error = comm->last_error;
+  return t_comm_error.c_str();
 }
 
 size_t chorusTypeSize(chorusDataType_t dtype) { return dtype_valid(dtype) ? dtype_size(dtype) : 0; }

@@ -70,6 +70,33 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+// "CHORUS_NCHANNELS='2' here but '4'" for each NAME=value of two settings lines (space-separated) that differs.
+std::string settings_difference(const std::string& mine, const std::string& theirs) {
+  auto fields = [](const std::string& line) {
+    std::map<std::string, std::string> out;
+    size_t start = 0;
+    while (start < line.size()) {
+      size_t end = line.find(" CHORUS_", start);
+      if (end == std::string::npos) end = line.size();
+      const std::string field = line.substr(start, end - start);
+      const size_t eq = field.find('=');
+      out[field.substr(0, eq)] = eq == std::string::npos ? std::string() : field.substr(eq + 1);
+      start = end + 1;
+    }
+    return out;
+  };
+  const auto a = fields(mine), b = fields(theirs);
+  std::string diff;
+  for (const auto& [name, value] : a) {
+    auto it = b.find(name);
+    const std::string other = it == b.end() ? std::string("(unset)") : it->second;
+    if (other != value) diff += cat(diff.empty() ? "" : "; ", name, "='", value, "' here but '", other, "'");
+  }
+  for (const auto& [name, value] : b)
+    if (!a.count(name)) diff += cat(diff.empty() ? "" : "; ", name, "=(unset) here but '", value, "'");
+  return diff.empty() ? cat("'", mine, "' here but '", theirs, "'") : diff;
+}
+
 }  // namespace
 
 CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Topology* topology,
@@ -134,8 +161,8 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
     for (const PeerInfo& p : peers_)
       if (p.settings != self.settings)
         throw Error(chorusInvalidUsage, Subsys::Core,
-                    cat("rank ", rank, ": settings differ between ranks: this rank has '", self.settings, "' but rank ",
-                        p.rank, " has '", p.settings, "'"));
+                    cat("rank ", rank, ": settings differ between ranks: ",
+                        settings_difference(self.settings, p.settings), " on rank ", p.rank));
     // Spinning only pays when every rank on this host has a core: with more ranks than cores a spinning rank
     // holds the core the rank it waits for needs, so sleep almost at once.
     int local_ranks = 0;

@@ -283,6 +283,16 @@ TEST(Launcher, RanksDieWithAKilledLauncher) {
 #ifdef ALL_REDUCE_PERF
 // nccl-tests' convention: 0 when every result is right, 1 for a wrong result or a failed call, 2 for arguments the
 // tool cannot run, also those that only the library can refuse (an algorithm or codec that does not apply).
+TEST(Launcher, SettingsThatDifferBetweenRanksAreNamedOneByOne) {
+  // Each rank's init compares the settings that choose programs; the error names the one that differs (it used to
+  // print both ranks' whole settings lines).
+  Result r = run(std::string(CHORUSRUN) + " -n 2 sh -c 'CHORUS_NCHANNELS=$((CHORUS_RANK + 1)) exec " + ALL_REDUCE_PERF +
+                 " -b 8 -e 8 -n 1 -w 0'");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("settings differ between ranks: CHORUS_NCHANNELS='1' here but '2' on rank 1"), std::string::npos)
+      << r.out;
+}
+
 TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   const std::string tool = std::string(ALL_REDUCE_PERF) + " -t 2 -b 8 -e 64 -n 2 -w 1";
   Result ok = run(tool);

@@ -530,6 +530,20 @@ TEST(Communicator, SplitUnderATopologyFileTakesItsParentsView) {
   for (auto& t : threads) t.join();
 }
 
+TEST(Communicator, LastErrorOfACommunicatorAndOfThisThread) {
+  // chorusGetLastError(comm) is the communicator's, from whichever thread; NULL gives this thread's last error, and
+  // asking about a communicator does not change it. Errors on a communicator start with its rank.
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t c) {
+    EXPECT_EQ(chorusCommUserRank(c, nullptr), chorusInvalidArgument);
+    const std::string on_comm = chorusGetLastError(c);
+    EXPECT_EQ(on_comm, "rank " + std::to_string(r) + ": rank is NULL");
+    EXPECT_EQ(chorusGetUniqueId(nullptr), chorusInvalidArgument);
+    EXPECT_EQ(std::string(chorusGetLastError(c)), on_comm);
+    EXPECT_EQ(std::string(chorusGetLastError(nullptr)), "uniqueId is NULL");
+  });
+}
+
 TEST(Communicator, RankAndSize) {
   World& w = World::get(3);
   w.run([&](int r, chorusComm_t c) {

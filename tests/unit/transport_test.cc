@@ -1,8 +1,10 @@
 // Transport-level tests that need no network: the peer info every rank publishes, the transport table, and the
 // UCX connection driven directly through the slot interface by two transports of this process (UCX over its shared
 // memory, and over tcp on loopback for the peer-failure case). Skipped where the build has no UCX.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -250,6 +252,26 @@ TEST(UcxTransport, BadTransportListIsUnavailableWithTheReason) {
   PeerInfo a = local_peer_info(0), b = local_peer_info(1);
   t->describe(a);
   EXPECT_FALSE(t->can_connect(a, b));
+}
+
+TEST(UcxTransport, LeavesTheCrashSignalsAndSighupToTheApplication) {
+  // libucs takes SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGHUP as it loads; linking Chorus must not take them from
+  // the application (a sanitizer's or the test runner's own handlers may be there: only UCX's are wrong).
+  if (report_transport("ucx").found.find("not built") != std::string::npos) GTEST_SKIP() << "UCX is not built";
+  if (std::getenv("UCX_HANDLE_ERRORS") != nullptr || std::getenv("UCX_DEBUG_SIGNO") != nullptr)
+    GTEST_SKIP() << "UCX's signal handling was asked for";
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGHUP}) {
+    struct sigaction sa {};
+    ASSERT_EQ(sigaction(sig, nullptr, &sa), 0);
+    void* handler = (sa.sa_flags & SA_SIGINFO) != 0 ? reinterpret_cast<void*>(sa.sa_sigaction)
+                                                    : reinterpret_cast<void*>(sa.sa_handler);
+    Dl_info info{};
+    if (handler == reinterpret_cast<void*>(SIG_DFL) || handler == reinterpret_cast<void*>(SIG_IGN) ||
+        dladdr(handler, &info) == 0 || info.dli_fname == nullptr)
+      continue;
+    EXPECT_EQ(std::string(info.dli_fname).find("libucs"), std::string::npos)
+        << "signal " << sig << " is handled in " << info.dli_fname;
+  }
 }
 
 // Ranks of different hosts need UCX's network on both sides; ranks of one host may share memory.

@@ -19,6 +19,7 @@
 #include <sched.h>
 #include <ucp/api/ucp.h>
 #include <ucs/config/global_opts.h>
+#include <ucs/debug/debug.h>
 
 #include <algorithm>
 #include <chrono>
@@ -63,6 +64,20 @@ void quiet_ucx_logs() {
     const char* v = std::getenv("UCX_LOG_LEVEL");
     if (v == nullptr || *v == '\0') ucs_global_opts_set_value("LOG_LEVEL", "fatal");
   });
+}
+
+// libucs installs its own handlers for the error signals (SIGSEGV, SIGBUS, SIGILL, SIGFPE) and for SIGHUP (its
+// debug signal) as it loads, whether or not any communicator uses UCX: a crash would then print UCX's report instead
+// of reaching the application's handlers (Python's faulthandler, a framework's), and SIGHUP would no longer end the
+// process. This runs after libucs's own initialisation (a library's constructors run after those of the libraries
+// it needs) and gives the signals back, unless the user asked for UCX's handling (UCX_HANDLE_ERRORS or
+// UCX_DEBUG_SIGNO set). ucs_debug_disable_signal restores the action that was there before UCX's.
+__attribute__((constructor)) void give_back_signals_ucx_took() {
+  if (std::getenv("UCX_HANDLE_ERRORS") == nullptr)
+    for (unsigned i = 0; i < ucs_global_opts.error_signals.count; ++i)
+      ucs_debug_disable_signal(ucs_global_opts.error_signals.signals[i]);
+  if (std::getenv("UCX_DEBUG_SIGNO") == nullptr && ucs_global_opts.debug_signo > 0)
+    ucs_debug_disable_signal(static_cast<int>(ucs_global_opts.debug_signo));
 }
 
 // The "tl/device" resources a context found, from ucp_context_print_info's "resource" lines.
