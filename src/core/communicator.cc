@@ -1324,7 +1324,9 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key, bool has_newcomm) 
   try {
     all = bootstrap_->allgather(kTagSplit, blob, deadline);
   } catch (const Error& e) {
-    if (e.code() != chorusTimeout || bootstrap_->failed()) throw;
+    // Another rank's report (its own timeout, with what each rank was doing) says more than this rank's symptom.
+    if (bootstrap_->failed()) check_abort();
+    if (e.code() != chorusTimeout) throw;
     // As a failed collective: the communicator is broken and every rank is told, with what each peer was doing.
     Error timed_out(e.code(), e.subsys(), cat(e.what(), diagnose_timeout(nullptr)));
     fail(timed_out);

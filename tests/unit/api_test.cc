@@ -1010,9 +1010,10 @@ TEST(Faults, ATimeoutSaysWhichRankHadNotCalledTheCollective) {
 
 TEST(Faults, ASplitMetByACollectiveTimesOutSayingWhatEachSideDid) {
   ScopedEnv timeout("CHORUS_TIMEOUT_MS", "2000");
-  std::vector<std::string> errors(2);
-  with_own_communicators(2, [&](int r, chorusComm_t c) {
-    if (r == 0) {
+  // Ranks 0 and 2 split while rank 1 runs an all-reduce.
+  std::vector<std::string> errors(3);
+  with_own_communicators(3, [&](int r, chorusComm_t c) {
+    if (r != 1) {
       chorusComm_t sub = nullptr;
       EXPECT_NE(chorusCommSplit(c, 0, 0, &sub), chorusSuccess);
     } else {
@@ -1022,11 +1023,11 @@ TEST(Faults, ASplitMetByACollectiveTimesOutSayingWhatEachSideDid) {
     errors[r] = chorusGetLastError(c);
     chorusCommDestroy(c);
   });
-  // Whichever side times out first reports, and the other sees that report as its peer failure: either way every
-  // rank's error says what the two ranks were doing.
+  // Whichever side times out first reports, and the others see that report as their peer failure (a splitting
+  // rank used to report only its own timeout then): either way every rank's error says what the ranks were doing.
   const std::string split_side = "rank(s) 1 (running collective #1) had not called chorusCommSplit";
-  const std::string collective_side = "rank(s) 0 (its last was #0, in chorusCommSplit) had not called collective #1";
-  for (int r = 0; r < 2; ++r)
+  const std::string collective_side = "(its last was #0, in chorusCommSplit) had not called collective #1";
+  for (int r = 0; r < 3; ++r)
     EXPECT_TRUE(errors[r].find(split_side) != std::string::npos || errors[r].find(collective_side) != std::string::npos)
         << "rank " << r << ": " << errors[r];
 }
