@@ -120,7 +120,7 @@ chorusResult_t chorusGetVersion(int* version);
 const char* chorusGetErrorString(chorusResult_t result);
 /* Text of the last error of a call on `comm`, made from any thread. With comm NULL (or a handle already destroyed
  * or aborted): the last error of any call made on this thread. Never NULL; empty when there was none. Valid until
- * this thread's next call of chorusGetLastError. */
+ * the next Chorus call on this thread. */
 const char* chorusGetLastError(chorusComm_t comm);
 /* Size in bytes of one element of `dtype`, or 0 if dtype is invalid. */
 size_t chorusTypeSize(chorusDataType_t dtype);
@@ -142,8 +142,9 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm);
 /* Collective over `comm`: ranks with the same color form a new communicator, ordered by (key, old rank). A rank
  * passing CHORUS_SPLIT_NOCOLOR gets *newcomm = NULL. If any rank passes a bad argument (a negative color other than
  * CHORUS_SPLIT_NOCOLOR, or a NULL newcomm), every rank returns chorusInvalidArgument (the others' error names it),
- * no communicator is created and `comm` stays usable. An abort of `comm`, or a peer failure it hears of, ends the
- * wait for the new communicator's rendezvous at once on every member. */
+ * no communicator is created and `comm` stays usable. An abort of `comm`, or a peer failure it hears of, ends
+ * this rank's wait for the new communicator's rendezvous within milliseconds, and the members already waiting there
+ * are told why. */
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm);
 /* Waits for outstanding operations, then frees the communicator. */
 chorusResult_t chorusCommDestroy(chorusComm_t comm);
@@ -289,10 +290,10 @@ chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t d
 chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream);
 /* Groups nest; the outermost chorusGroupEnd issues everything called since the outermost chorusGroupStart on
- * this thread. Inside a group the calls that communicate are chorusSend and chorusRecv only: a collective, an
- * init, chorusCommSplit or chorusCommDestroy there is chorusInvalidUsage (it would wait for peers that wait for this
- * group, or drop what it queued). chorusCommAbort, the queries, chorusWait/chorusTest and the reduction ops are
- * allowed.
+ * this thread. Inside a group the calls that communicate are chorusSend and chorusRecv only: a collective,
+ * chorusCommSplit or chorusCommDestroy there is chorusInvalidUsage (it would wait for peers that wait for this
+ * group, or drop what it queued). An init inside a group blocks until its rendezvous completes, as outside one (one
+ * rank per thread); chorusCommAbort, the queries, chorusWait/chorusTest and the reduction ops are allowed.
  * A group that spans several communicators issues them one after another, in the order they first appear. */
 chorusResult_t chorusGroupStart(void);
 chorusResult_t chorusGroupEnd(void);

@@ -12,7 +12,8 @@
 //   r.wait();
 #pragma once
 
-#if __cplusplus < 202002L
+// GCC 10 reports 201709L under -std=c++20.
+#if __cplusplus < 201709L
 #error "chorus.hpp needs C++20 (std::span): compile with -std=c++20, or use the C API of chorus.h"
 #endif
 

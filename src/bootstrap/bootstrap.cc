@@ -437,9 +437,9 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
                 cat("rank ", rank, ": this unique id was already used: ", closed,
                     "; a unique id serves one communicator (make a new one with chorusGetUniqueId)"));
   Socket sock;
-  for (;;) {  // in slices when there is a stop check, which may end the retries (the root may be gone with it)
-    const bool polled = check_stop && deadline.remaining_ms() > 200;
-    const Deadline slice = polled ? Deadline::after_ms(200) : deadline;
+  for (;;) {  // in 1 s slices when there is a stop check, which may end the retries (the root may be gone with it)
+    const bool polled = check_stop && deadline.remaining_ms() > 1000;
+    const Deadline slice = polled ? Deadline::after_ms(1000) : deadline;
     try {
       sock = Socket::connect(id.root, slice);
       break;
@@ -472,7 +472,8 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
         check_stop();
       } catch (const Error& e) {
         // The others learn why from the root at once, instead of waiting for this rank until their timeout.
-        const std::string text = cat("rank ", rank, " left the rendezvous: ", e.what());
+        std::string text = cat("rank ", rank, " left the rendezvous: ", e.what());
+        if (text.size() > kMaxTextPayload) text.resize(kMaxTextPayload);  // what the root accepts
         try {
           write_frame(sock, MsgType::Error, rank, -1, 0, text.data(), text.size(), Deadline::after_ms(kStatusGraceMs));
         } catch (const Error& lost) {

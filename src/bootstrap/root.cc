@@ -482,7 +482,10 @@ class RootService {
           }
         }
         close_conn(c);
-        if (phase_ == Phase::Complete) fail_rounds_without_departed();
+        if (phase_ == Phase::Complete) {
+          departed_.push_back(c.rank);
+          fail_rounds_without_departed();
+        }
         return;
       case MsgType::StatusQuery: {
         std::string text = status_text();
@@ -567,6 +570,7 @@ class RootService {
   void on_gather(Conn& c, const FrameHeader& h, std::vector<uint8_t> payload) {
     if (phase_ != Phase::Complete)
       return protocol_error(c, cat("sent ", msg_type_name(h.type), " before the rendezvous"));
+    if (gathers_failed_) return;  // every rank was told of a failure: no gather completes any more
     const uint64_t key = (uint64_t{h.type} << 32) | h.tag;
     std::deque<Round>& rounds = rounds_[key];
     auto it = std::find_if(rounds.begin(), rounds.end(), [&](const Round& r) { return !r.have[c.rank]; });
@@ -599,23 +603,26 @@ class RootService {
   }
 
   // A gather that a rank which has left (destroyed its communicator) did not join can never complete: the ranks in
-  // it are told at once (a split called after a peer's destroy), instead of waiting for it until their timeout.
+  // it are told once, at once (a split called after a peer's destroy), instead of waiting for it until their
+  // timeout; later contributions are dropped (their ranks have had the failure). Costs nothing while no rank has
+  // left.
   void fail_rounds_without_departed() {
+    if (departed_.empty() || gathers_failed_) return;
     for (const auto& [key, rounds] : rounds_) {
       for (const Round& round : rounds) {
-        std::string departed, waiting;
-        for (int r = 0; r < nranks_; ++r) {
-          if (round.have[r])
-            waiting += cat(waiting.empty() ? "" : ", ", r);
-          else if (by_rank_[r] == nullptr)
-            departed += cat(departed.empty() ? "" : ", ", r);
-        }
-        if (departed.empty()) continue;
+        std::vector<int> missing, waiting;
+        for (int r : departed_)
+          if (!round.have[r]) missing.push_back(r);
+        if (missing.empty()) continue;
+        std::sort(missing.begin(), missing.end());
+        for (int r = 0; r < nranks_; ++r)
+          if (round.have[r]) waiting.push_back(r);
         const std::string text =
-            cat("rank(s) ", departed, " left (destroyed the communicator) without joining the bootstrap ",
+            cat("rank(s) ", rank_ranges(missing), " left (destroyed the communicator) without joining the bootstrap ",
                 msg_type_name(static_cast<uint32_t>(key >> 32)), " with tag ", static_cast<uint32_t>(key),
-                " that rank(s) ", waiting, " are in, so it cannot complete");
-        rounds_.clear();  // told once: none of them can complete now
+                " that rank(s) ", rank_ranges(waiting), " are in, so it cannot complete");
+        rounds_.clear();
+        gathers_failed_ = true;
         return fail(-1, text);
       }
     }
@@ -661,7 +668,11 @@ class RootService {
   // ---- Failures and closing ----
 
   // Broadcasts a failure to every rank still connected; a failure before the rendezvous completes also fails it.
-  void fail(int rank, const std::string& text) {
+  void fail(int rank, std::string text) {
+    if (text.size() > kMaxTextPayload) text.resize(kMaxTextPayload);  // what every rank accepts (read_frame)
+    // Every rank learns of it and stops waiting in gathers: those still open are moot, and a rank that leaves now
+    // must not be reported a second time as the reason one cannot complete.
+    if (phase_ == Phase::Complete) gathers_failed_ = true;
     CHORUS_WARN(Bootstrap, "root %s: %s", addr_.c_str(), text.c_str());
     if (phase_ == Phase::Gathering) {
       phase_ = Phase::Failed;
@@ -814,6 +825,8 @@ class RootService {
   std::vector<Conn*> by_rank_;              // live connection of each joined rank
   uint64_t lowest_note_ = UINT64_MAX;       // the lowest leave note delivered (Bootstrap::leave_note)
   std::map<int, uint64_t> departed_notes_;  // every leave note, by rank
+  std::vector<int> departed_;               // ranks that said goodbye after the rendezvous, in that order
+  bool gathers_failed_ = false;             // failed after the rendezvous: gathers are over
   std::vector<std::string> rank_peer_;
   std::vector<std::vector<uint8_t>> join_blobs_;
   std::string failure_text_;

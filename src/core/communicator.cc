@@ -61,6 +61,15 @@ size_t checked_bytes(size_t count, size_t mult, chorusDataType_t dtype, const ch
   return count * mult * esz;
 }
 
+// `text` without a leading "rank N: " (the rank that reports it), for an error that a caller re-words.
+std::string without_rank_prefix(const std::string& text) {
+  size_t i = 5;
+  if (text.rfind("rank ", 0) != 0) return text;
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+  if (i == 5 || text.compare(i, 2, ": ") != 0) return text;
+  return text.substr(i + 2);
+}
+
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -1324,11 +1333,14 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key, bool has_newcomm) 
   try {
     all = bootstrap_->allgather(kTagSplit, blob, deadline);
   } catch (const Error& e) {
-    // Another rank's report (its own timeout, with what each rank was doing) says more than this rank's symptom.
+    // Another rank's report (its own timeout, with what each rank was doing) says more than this rank's symptom,
+    // also when it arrives while this rank asks the others (which it cuts short).
     if (bootstrap_->failed()) check_abort();
     if (e.code() != chorusTimeout) throw;
+    const std::string diagnosis = diagnose_timeout(nullptr);
+    if (bootstrap_->failed()) check_abort();
     // As a failed collective: the communicator is broken and every rank is told, with what each peer was doing.
-    Error timed_out(e.code(), e.subsys(), cat(e.what(), diagnose_timeout(nullptr)));
+    Error timed_out(e.code(), e.subsys(), cat(e.what(), diagnosis));
     fail(timed_out);
     throw timed_out;
   }
@@ -1371,11 +1383,18 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key, bool has_newcomm) 
     try {
       check_abort();
     } catch (const Error& e) {
-      throw Error(e.code(), Subsys::Core, cat("chorusCommSplit: the parent communicator stopped: ", e.what()));
+      throw Error(e.code(), Subsys::Core, cat("the parent communicator stopped: ", without_rank_prefix(e.what())));
     }
   };
-  return std::make_unique<CommImpl>(decode_unique_id(raw), static_cast<int>(members.size()), new_rank, &view,
-                                    parent_stopped);
+  const int new_nranks = static_cast<int>(members.size());
+  try {
+    return std::make_unique<CommImpl>(decode_unique_id(raw), new_nranks, new_rank, &view, parent_stopped);
+  } catch (const Error& e) {
+    // Its errors name the rank in the new communicator; the caller's handle is the parent's.
+    throw Error(e.code(), e.subsys(),
+                cat("rank ", rank_, ": chorusCommSplit: the new communicator (where this rank is rank ", new_rank,
+                    " of ", new_nranks, ") was not created: ", without_rank_prefix(e.what())));
+  }
 }
 
 chorusRedOp_t CommImpl::create_premul(const void* scalar, chorusDataType_t dtype) {

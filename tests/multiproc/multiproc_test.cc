@@ -281,8 +281,6 @@ TEST(Launcher, RanksDieWithAKilledLauncher) {
 }
 
 #ifdef ALL_REDUCE_PERF
-// nccl-tests' convention: 0 when every result is right, 1 for a wrong result or a failed call, 2 for arguments the
-// tool cannot run, also those that only the library can refuse (an algorithm or codec that does not apply).
 TEST(Launcher, SettingsThatDifferBetweenRanksAreNamedOneByOne) {
   // Each rank's init compares the settings that choose programs; the error names the one that differs (it used to
   // print both ranks' whole settings lines).
@@ -293,6 +291,8 @@ TEST(Launcher, SettingsThatDifferBetweenRanksAreNamedOneByOne) {
       << r.out;
 }
 
+// nccl-tests' convention: 0 when every result is right, 1 for a wrong result or a failed call, 2 for arguments the
+// tool cannot run, also those that only the library can refuse (an algorithm or codec that does not apply).
 TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   const std::string tool = std::string(ALL_REDUCE_PERF) + " -t 2 -b 8 -e 64 -n 2 -w 1";
   Result ok = run(tool);

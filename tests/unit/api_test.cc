@@ -377,13 +377,16 @@ TEST(Communicator, ACallThatAnAbortEndsSaysSo) {
     chorusComm_t c[2];
     init_pair(c);
     std::thread watchdog([&, it] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50 + 40 * it));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200 + 40 * it));
       EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess);
     });
     float x = 1;
     EXPECT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c[0], nullptr), chorusInvalidUsage);
     const std::string err = chorusGetLastError(nullptr);
-    EXPECT_NE(err.find("communicator was aborted"), std::string::npos) << err;
+    // (On a loaded machine the abort may come before the call starts: then the handle is already gone.)
+    EXPECT_TRUE(err.find("communicator was aborted") != std::string::npos ||
+                err.find("not a live communicator") != std::string::npos)
+        << err;
     EXPECT_EQ(err.find("rank 1"), std::string::npos) << err;
     watchdog.join();
     EXPECT_EQ(chorusCommAbort(c[1]), chorusSuccess);
@@ -446,11 +449,21 @@ TEST(Communicator, ASplitAfterAPeerDestroyedItsCommunicatorFailsAtOnceNamingIt) 
 }
 
 TEST(PointToPoint, ASendToAPeerThatDestroyedItsCommunicatorFailsAtOnceNamingIt) {
-  // Rank 1 destroys its communicator; rank 0 then sends to it: the send fails at once naming it
-  // (it used to wait for the connection until the timeout, blaming a collective it had not called).
+  // Ranks 2 and then 1 destroy their communicators; rank 0 then sends to rank 1: the send fails at once naming it
+  // (it used to wait for the connection until the timeout, blaming a collective it had not called). Rank 1's leave
+  // note equals rank 2's, so the root does not pass it on as they leave: rank 0 learns it from the root's answer to
+  // its connection request.
   ScopedEnv timeout("CHORUS_TIMEOUT_MS", "120000");
-  chorusComm_t c[2];
-  init_pair(c);
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c[3] = {nullptr, nullptr, nullptr};
+  {
+    std::vector<std::thread> init;
+    for (int r = 0; r < 3; ++r)
+      init.emplace_back([&, r] { ASSERT_EQ(chorusCommInitRank(&c[r], 3, id, r), chorusSuccess); });
+    for (auto& t : init) t.join();
+  }
+  ASSERT_EQ(chorusCommDestroy(c[2]), chorusSuccess);
   ASSERT_EQ(chorusCommDestroy(c[1]), chorusSuccess);
   const auto start = std::chrono::steady_clock::now();
   int32_t x = 7;
@@ -662,7 +675,7 @@ TEST(PointToPoint, GroupedExchangeInBothDirections) {
 
 TEST(PointToPoint, CallsThatWouldWaitOrDropTheGroupAreRefusedInsideIt) {
   // A destroy inside a group used to be accepted and drop the queued calls (the group's end then failed on a dead
-  // handle); a split or an init would wait for peers that wait for this group's end.
+  // handle); a split would wait for peers that wait for this group's end.
   World& w = World::get(2);
   w.run([&](int r, chorusComm_t c) {
     int64_t mine = 10 + r, theirs = -1;
@@ -674,8 +687,6 @@ TEST(PointToPoint, CallsThatWouldWaitOrDropTheGroupAreRefusedInsideIt) {
         << chorusGetLastError(nullptr);
     chorusComm_t other = nullptr;
     EXPECT_EQ(chorusCommSplit(c, 0, r, &other), chorusInvalidUsage);
-    chorusUniqueId id{};
-    EXPECT_EQ(chorusCommInitRank(&other, 2, id, r), chorusInvalidUsage);
     EXPECT_EQ(other, nullptr);
     int n = 0;
     EXPECT_EQ(chorusCommCount(c, &n), chorusSuccess);  // a query is fine

@@ -15,8 +15,10 @@
 //    owned until UCX completes the send (eager: copied out; rendezvous: fetched by the peer).
 // Both rings are registered once (ucp_mem_map) and passed as memory handles, so rendezvous skips registration.
 // progress() is ucp_worker_progress; the executor sleeps on the worker's event fd (ucp_worker_arm then poll).
+#include <dlfcn.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <ucp/api/ucp.h>
 #include <ucs/config/global_opts.h>
 #include <ucs/debug/debug.h>
@@ -70,14 +72,27 @@ void quiet_ucx_logs() {
 // debug signal) as it loads, whether or not any communicator uses UCX: a crash would then print UCX's report instead
 // of reaching the application's handlers (Python's faulthandler, a framework's), and SIGHUP would no longer end the
 // process. This runs after libucs's own initialisation (a library's constructors run after those of the libraries
-// it needs) and gives the signals back, unless the user asked for UCX's handling (UCX_HANDLE_ERRORS or
-// UCX_DEBUG_SIGNO set). ucs_debug_disable_signal restores the action that was there before UCX's.
+// it needs) and gives back each signal whose handler is still UCX's (ucs_debug_disable_signal restores the action
+// that was there before), unless the user asked for UCX's handling with UCX_HANDLE_ERRORS or UCX_DEBUG_SIGNO.
+bool handled_by_libucs(int sig) {
+  struct sigaction sa {};
+  if (sigaction(sig, nullptr, &sa) != 0) return false;
+  void* handler = (sa.sa_flags & SA_SIGINFO) != 0 ? reinterpret_cast<void*>(sa.sa_sigaction)
+                                                  : reinterpret_cast<void*>(sa.sa_handler);
+  Dl_info info{};
+  if (handler == reinterpret_cast<void*>(SIG_DFL) || handler == reinterpret_cast<void*>(SIG_IGN) ||
+      dladdr(handler, &info) == 0 || info.dli_fname == nullptr)
+    return false;
+  return std::strstr(info.dli_fname, "libucs") != nullptr;
+}
+
 __attribute__((constructor)) void give_back_signals_ucx_took() {
   if (std::getenv("UCX_HANDLE_ERRORS") == nullptr)
-    for (unsigned i = 0; i < ucs_global_opts.error_signals.count; ++i)
-      ucs_debug_disable_signal(ucs_global_opts.error_signals.signals[i]);
-  if (std::getenv("UCX_DEBUG_SIGNO") == nullptr && ucs_global_opts.debug_signo > 0)
-    ucs_debug_disable_signal(static_cast<int>(ucs_global_opts.debug_signo));
+    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT})
+      if (handled_by_libucs(sig)) ucs_debug_disable_signal(sig);
+  if (std::getenv("UCX_DEBUG_SIGNO") == nullptr)
+    for (int sig : {SIGHUP, SIGUSR1, SIGUSR2})
+      if (handled_by_libucs(sig)) ucs_debug_disable_signal(sig);
 }
 
 // The "tl/device" resources a context found, from ucp_context_print_info's "resource" lines.
