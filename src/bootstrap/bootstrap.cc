@@ -59,6 +59,7 @@ Frame read_frame(const Socket& sock, Deadline deadline) {
 
 void write_frame(const Socket& sock, MsgType type, int32_t from, int32_t to, uint32_t tag, const void* payload,
                  size_t bytes, Deadline deadline) {
+  if (type == MsgType::Error && bytes > kMaxTextPayload) bytes = kMaxTextPayload;  // what the root accepts
   uint8_t header[kFrameHeaderBytes];
   encode_header(FrameHeader{static_cast<uint32_t>(type), from, to, tag, bytes}, header);
   sock.send_all(header, sizeof(header), deadline);
@@ -472,8 +473,7 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
         check_stop();
       } catch (const Error& e) {
         // The others learn why from the root at once, instead of waiting for this rank until their timeout.
-        std::string text = cat("rank ", rank, " left the rendezvous: ", e.what());
-        if (text.size() > kMaxTextPayload) text.resize(kMaxTextPayload);  // what the root accepts
+        const std::string text = cat("rank ", rank, " left the rendezvous: ", e.what());
         try {
           write_frame(sock, MsgType::Error, rank, -1, 0, text.data(), text.size(), Deadline::after_ms(kStatusGraceMs));
         } catch (const Error& lost) {

@@ -37,8 +37,9 @@ class Bootstrap {
   // transport addresses). Blocks until every rank has joined or `deadline` passes (then throws chorusTimeout naming
   // the ranks still missing, as far as the root knows them). Throws chorusInvalidArgument for bad rank/nranks,
   // chorusSystemError when the root cannot be reached. `check_stop`, when given, is called about every 20 ms while
-  // the rank waits for the others; whatever it throws ends the wait (after this rank tells the root why, so the
-  // rendezvous fails for the others too): a split uses it to stop when its parent is aborted or has failed.
+  // the rank waits for the others (every 1 s while it retries to reach the root); whatever it throws ends the wait
+  // (after this rank tells the root why, so the rendezvous fails for the others too): a split uses it to stop when its
+  // parent is aborted or has failed.
   static std::unique_ptr<Bootstrap> join(const UniqueIdData& id, int rank, int nranks, const Blob& info,
                                          Deadline deadline, const std::function<void()>& check_stop = {});
   virtual ~Bootstrap() = default;  // says goodbye to the root (unless aborted) and stops the service thread

@@ -589,9 +589,9 @@ class RootService {
       } else {
         Buffer frame = blob_list_frame(MsgType::AllgatherResult, h.tag, rounds.front().blobs);
         if (frame == nullptr)
-          fail(-1, cat("the allgather with tag ", h.tag, " gathered over the limit of ", kMaxRootPayload, " bytes"));
-        else
-          broadcast(frame);
+          return fail(-1, cat("the allgather with tag ", h.tag, " gathered over the limit of ", kMaxRootPayload,
+                              " bytes"));  // (which ends every gather)
+        broadcast(frame);
       }
       rounds.pop_front();
     }
@@ -621,9 +621,7 @@ class RootService {
             cat("rank(s) ", rank_ranges(missing), " left (destroyed the communicator) without joining the bootstrap ",
                 msg_type_name(static_cast<uint32_t>(key >> 32)), " with tag ", static_cast<uint32_t>(key),
                 " that rank(s) ", rank_ranges(waiting), " are in, so it cannot complete");
-        rounds_.clear();
-        gathers_failed_ = true;
-        return fail(-1, text);
+        return fail(-1, text);  // which ends every gather
       }
     }
   }
@@ -670,9 +668,12 @@ class RootService {
   // Broadcasts a failure to every rank still connected; a failure before the rendezvous completes also fails it.
   void fail(int rank, std::string text) {
     if (text.size() > kMaxTextPayload) text.resize(kMaxTextPayload);  // what every rank accepts (read_frame)
-    // Every rank learns of it and stops waiting in gathers: those still open are moot, and a rank that leaves now
-    // must not be reported a second time as the reason one cannot complete.
-    if (phase_ == Phase::Complete) gathers_failed_ = true;
+    // Every rank learns of it and stops waiting in gathers: those still open are moot (their blobs are freed), and a
+    // rank that leaves now must not be reported a second time as the reason one cannot complete.
+    if (phase_ == Phase::Complete) {
+      gathers_failed_ = true;
+      rounds_.clear();
+    }
     CHORUS_WARN(Bootstrap, "root %s: %s", addr_.c_str(), text.c_str());
     if (phase_ == Phase::Gathering) {
       phase_ = Phase::Failed;
@@ -740,6 +741,9 @@ class RootService {
   // ---- Writing ----
 
   static Buffer make_buffer(MsgType type, int32_t from, int32_t to, uint32_t tag, const void* payload, size_t bytes) {
+    // A text longer than every rank accepts (read_frame) is cut, here for every kind of text frame.
+    if ((type == MsgType::Failure || type == MsgType::Reject || type == MsgType::Status) && bytes > kMaxTextPayload)
+      bytes = kMaxTextPayload;
     return std::make_shared<const std::vector<uint8_t>>(make_frame(type, from, to, tag, payload, bytes));
   }
 

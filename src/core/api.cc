@@ -315,7 +315,16 @@ chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId) {
 chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank) {
   return guarded(nullptr, [&] {
     if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
-    *comm = wrap(std::make_unique<CommImpl>(decode_unique_id(commId), nranks, rank));
+    try {
+      *comm = wrap(std::make_unique<CommImpl>(decode_unique_id(commId), nranks, rank));
+    } catch (const Error& e) {
+      // NCCL defers the inits of a group to its end and runs them together; here each blocks where it is called.
+      if (e.code() != chorusTimeout || t_group.depth == 0) throw;
+      throw Error(e.code(), e.subsys(),
+                  cat(e.what(),
+                      " (this init was inside a group: each init blocks until its rendezvous completes, "
+                      "so initialise each rank from its own thread or process)"));
+    }
   });
 }
 

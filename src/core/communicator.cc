@@ -1390,10 +1390,14 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key, bool has_newcomm) 
   try {
     return std::make_unique<CommImpl>(decode_unique_id(raw), new_nranks, new_rank, &view, parent_stopped);
   } catch (const Error& e) {
-    // Its errors name the rank in the new communicator; the caller's handle is the parent's.
-    throw Error(e.code(), e.subsys(),
-                cat("rank ", rank_, ": chorusCommSplit: the new communicator (where this rank is rank ", new_rank,
-                    " of ", new_nranks, ") was not created: ", without_rank_prefix(e.what())));
+    // Its errors name ranks of the new communicator (the caller's handle is the parent's), except for a stop of the
+    // parent, which names the parent's.
+    const std::string what = without_rank_prefix(e.what());
+    const bool parent = what.rfind("the parent communicator stopped: ", 0) == 0;
+    throw Error(
+        e.code(), e.subsys(),
+        cat("rank ", rank_, ": chorusCommSplit: the new communicator (where this rank is rank ", new_rank, " of ",
+            new_nranks, parent ? "" : "; ranks named below are numbered there", ") was not created: ", what));
   }
 }
 

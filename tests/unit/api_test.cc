@@ -695,6 +695,25 @@ TEST(PointToPoint, CallsThatWouldWaitOrDropTheGroupAreRefusedInsideIt) {
   });
 }
 
+TEST(PointToPoint, AnInitInsideAGroupWorksWithOneRankPerThread) {
+  // NCCL code often wraps its init in a group; each rank on its own thread does so here.
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      chorusComm_t c = nullptr;
+      ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+      ASSERT_EQ(chorusCommInitRank(&c, 2, id, r), chorusSuccess) << chorusGetLastError(nullptr);
+      ASSERT_EQ(chorusGroupEnd(), chorusSuccess);
+      int64_t v = r + 1;
+      ASSERT_EQ(chorusAllReduce(&v, &v, 1, chorusInt64, chorusSum, c, nullptr), chorusSuccess);
+      EXPECT_EQ(v, 3);
+      EXPECT_EQ(chorusCommDestroy(c), chorusSuccess);
+    });
+  for (auto& t : ranks) t.join();
+}
+
 TEST(PointToPoint, SendAndReceiveInOneBuffer) {
   World& w = World::get(3);
   w.run([&](int r, chorusComm_t c) {

@@ -79,20 +79,28 @@ bool handled_by_libucs(int sig) {
   if (sigaction(sig, nullptr, &sa) != 0) return false;
   void* handler = (sa.sa_flags & SA_SIGINFO) != 0 ? reinterpret_cast<void*>(sa.sa_sigaction)
                                                   : reinterpret_cast<void*>(sa.sa_handler);
-  Dl_info info{};
+  Dl_info theirs{}, ours{};
   if (handler == reinterpret_cast<void*>(SIG_DFL) || handler == reinterpret_cast<void*>(SIG_IGN) ||
-      dladdr(handler, &info) == 0 || info.dli_fname == nullptr)
+      dladdr(handler, &theirs) == 0 || dladdr(reinterpret_cast<void*>(&ucs_debug_disable_signal), &ours) == 0)
     return false;
-  return std::strstr(info.dli_fname, "libucs") != nullptr;
+  return theirs.dli_fbase == ours.dli_fbase;  // the very libucs this library uses (not another copy)
 }
 
 __attribute__((constructor)) void give_back_signals_ucx_took() {
-  if (std::getenv("UCX_HANDLE_ERRORS") == nullptr)
-    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT})
-      if (handled_by_libucs(sig)) ucs_debug_disable_signal(sig);
-  if (std::getenv("UCX_DEBUG_SIGNO") == nullptr)
-    for (int sig : {SIGHUP, SIGUSR1, SIGUSR2})
-      if (handled_by_libucs(sig)) ucs_debug_disable_signal(sig);
+  std::vector<int> signals;
+  if (std::getenv("UCX_HANDLE_ERRORS") == nullptr) {
+    signals = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+    for (unsigned i = 0; i < ucs_global_opts.error_signals.count; ++i)
+      signals.push_back(ucs_global_opts.error_signals.signals[i]);
+  }
+  if (std::getenv("UCX_DEBUG_SIGNO") == nullptr) {
+    signals.push_back(SIGHUP);
+    if (ucs_global_opts.debug_signo > 0) signals.push_back(static_cast<int>(ucs_global_opts.debug_signo));
+  }
+  std::sort(signals.begin(), signals.end());
+  signals.erase(std::unique(signals.begin(), signals.end()), signals.end());
+  for (int sig : signals)
+    if (handled_by_libucs(sig)) ucs_debug_disable_signal(sig);
 }
 
 // The "tl/device" resources a context found, from ucp_context_print_info's "resource" lines.
