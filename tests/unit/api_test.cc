@@ -20,14 +20,18 @@
 namespace chorus::test {
 namespace {
 
-// A fresh communicator of 2 ranks, both in this process: rank 1 joins from a helper thread.
-void init_pair(chorusComm_t (&c)[2]) {
+// A fresh communicator of N ranks, all in this process, each joining from its own thread.
+template <size_t N>
+void init_ranks(chorusComm_t (&c)[N]) {
   chorusUniqueId id;
   ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
-  std::thread peer([&] { ASSERT_EQ(chorusCommInitRank(&c[1], 2, id, 1), chorusSuccess); });
-  ASSERT_EQ(chorusCommInitRank(&c[0], 2, id, 0), chorusSuccess);
-  peer.join();
+  std::vector<std::thread> init;
+  for (int r = 0; r < static_cast<int>(N); ++r)
+    init.emplace_back([&, r] { ASSERT_EQ(chorusCommInitRank(&c[r], static_cast<int>(N), id, r), chorusSuccess); });
+  for (auto& t : init) t.join();
 }
+
+void init_pair(chorusComm_t (&c)[2]) { init_ranks(c); }
 
 // Sets an environment variable for one scope.
 struct ScopedEnv {
@@ -423,15 +427,8 @@ TEST(Communicator, ASplitAfterAPeerDestroyedItsCommunicatorFailsAtOnceNamingIt) 
   // Rank 2 destroys its communicator while ranks 0 and 1 split: the split's exchange can never complete, and the
   // root tells them so at once (it used to wait until the timeout).
   ScopedEnv timeout("CHORUS_TIMEOUT_MS", "120000");
-  chorusUniqueId id;
-  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
   chorusComm_t c[3] = {nullptr, nullptr, nullptr};
-  {
-    std::vector<std::thread> init;
-    for (int r = 0; r < 3; ++r)
-      init.emplace_back([&, r] { ASSERT_EQ(chorusCommInitRank(&c[r], 3, id, r), chorusSuccess); });
-    for (auto& t : init) t.join();
-  }
+  init_ranks(c);
   ASSERT_EQ(chorusCommDestroy(c[2]), chorusSuccess);
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> split;
@@ -454,15 +451,8 @@ TEST(PointToPoint, ASendToAPeerThatDestroyedItsCommunicatorFailsAtOnceNamingIt) 
   // note equals rank 2's, so the root does not pass it on as they leave: rank 0 learns it from the root's answer to
   // its connection request.
   ScopedEnv timeout("CHORUS_TIMEOUT_MS", "120000");
-  chorusUniqueId id;
-  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
   chorusComm_t c[3] = {nullptr, nullptr, nullptr};
-  {
-    std::vector<std::thread> init;
-    for (int r = 0; r < 3; ++r)
-      init.emplace_back([&, r] { ASSERT_EQ(chorusCommInitRank(&c[r], 3, id, r), chorusSuccess); });
-    for (auto& t : init) t.join();
-  }
+  init_ranks(c);
   ASSERT_EQ(chorusCommDestroy(c[2]), chorusSuccess);
   ASSERT_EQ(chorusCommDestroy(c[1]), chorusSuccess);
   const auto start = std::chrono::steady_clock::now();
