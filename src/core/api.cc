@@ -138,9 +138,10 @@ thread_local GroupState t_group;
 // wait for peers that wait for this group's chorusGroupEnd, or drop what it queued.
 void refuse_in_group(const char* call) {
   if (t_group.depth > 0)
-    throw Error(
-        chorusInvalidUsage, Subsys::Core,
-        cat(call, " inside a group (only chorusSend/chorusRecv may be called there; call chorusGroupEnd first)"));
+    throw Error(chorusInvalidUsage, Subsys::Core,
+                cat(call,
+                    " inside a group (of the calls that communicate, a group takes chorusSend/chorusRecv only; call "
+                    "chorusGroupEnd first)"));
 }
 
 // Device buffers (CUDA builds): a call with a stream, or with device buffers, is stream-ordered
