@@ -607,13 +607,21 @@ void CommImpl::for_each_waiting_header(const std::function<void(int, const WireH
   }
 }
 
+std::vector<std::pair<int, uint64_t>> CommImpl::leave_notes() const {
+  std::vector<std::pair<int, uint64_t>> out;
+  for (const auto& [peer, note] : bootstrap_->peek(Bootstrap::kTagLeft)) {
+    uint64_t last = 0;
+    if (note.size() != sizeof(last)) continue;
+    std::memcpy(&last, note.data(), sizeof(last));
+    out.emplace_back(peer, last);
+  }
+  return out;
+}
+
 void CommImpl::check_peer_calls(const WireHeader& call) const {
   // A peer that destroyed its communicator before this collective (point-to-point calls need not involve it).
   if ((call.seq >> 63) == 0)
-    for (const auto& [peer, note] : bootstrap_->peek(Bootstrap::kTagLeft)) {
-      uint64_t last = 0;
-      if (note.size() != sizeof(last)) continue;
-      std::memcpy(&last, note.data(), sizeof(last));
+    for (const auto& [peer, last] : leave_notes()) {
       if (last < call.seq)
         throw Error(chorusRemoteError, Subsys::Runtime,
                     cat("rank ", peer, " destroyed its communicator after its collective #", last,
@@ -631,10 +639,8 @@ void CommImpl::check_peer_calls(const WireHeader& call) const {
 void CommImpl::check_gone_past(int peer, const WireHeader& call) const {
   if ((call.seq >> 63) != 0) {
     // Point-to-point calls are not sequenced, but a peer that destroyed its communicator takes part in none.
-    for (const auto& [from, note] : bootstrap_->peek(Bootstrap::kTagLeft)) {
-      uint64_t last = 0;
-      if (from != peer || note.size() != sizeof(last)) continue;
-      std::memcpy(&last, note.data(), sizeof(last));
+    for (const auto& [from, last] : leave_notes()) {
+      if (from != peer) continue;
       throw Error(chorusRemoteError, Subsys::Runtime,
                   cat("rank ", peer, " destroyed its communicator (after its collective #", last,
                       "), so it takes no part in ", describe_header(call)));

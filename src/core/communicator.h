@@ -189,6 +189,8 @@ class CommImpl {
   // running another program (another root, say) may need connections this rank's does not, or none it waits for,
   // so the two would otherwise wait for each other until the deadline. Called while waiting.
   void check_peer_calls(const WireHeader& call) const;
+  // The leave notes peers have sent (Bootstrap::leave_note): (rank, its collective count when it destroyed).
+  std::vector<std::pair<int, uint64_t>> leave_notes() const;
   // Calls visit(peer, header) for every message header peers have sent that waits here: at the head of each open
   // connection, and each connection request queued in the bootstrap. Never blocks.
   void for_each_waiting_header(const std::function<void(int, const WireHeader&)>& visit) const;
