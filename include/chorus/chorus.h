@@ -294,7 +294,9 @@ chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatyp
  * chorusCommSplit or chorusCommDestroy there is chorusInvalidUsage (it would wait for peers that wait for this
  * group, or drop what it queued). An init inside a group blocks until its rendezvous completes, as outside one (one
  * rank per thread); chorusCommAbort, the queries, chorusWait/chorusTest and the reduction ops are allowed.
- * A group that spans several communicators issues them one after another, in the order they first appear. */
+ * A group that spans several communicators runs their calls at once, so ranks may call the communicators in
+ * different orders; it returns the first error (in the order the communicators first appear), each communicator's
+ * in its chorusGetLastError. */
 chorusResult_t chorusGroupStart(void);
 chorusResult_t chorusGroupEnd(void);
 

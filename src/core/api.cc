@@ -8,10 +8,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "bootstrap/launch_env.h"
@@ -664,29 +667,92 @@ chorusResult_t chorusGroupEnd(void) {
   if (--t_group.depth > 0) return chorusSuccess;
   auto ops = std::move(t_group.ops);
   t_group.ops.clear();
-  // One program per communicator, issued in the order communicators first appeared in the group.
-  std::vector<chorusComm*> order;
-  for (const GroupOp& g : ops)
-    if (std::find(order.begin(), order.end(), g.comm) == order.end()) order.push_back(g.comm);
+  // One program per communicator: its calls, in the order they were made.
+  struct Program {
+    chorusComm* comm = nullptr;
+    CollArgs args;
+    chorusStream_t stream = nullptr;  // the same for every call of the communicator (checked when added)
+    bool ordered = false;             // stream-ordered (a stream or device buffers), else host
+  };
+  std::vector<Program> programs;
   chorusResult_t result = chorusSuccess;
-  for (chorusComm* comm : order) {
-    chorusResult_t r = guarded(comm, [&] {
-      const Live use(comm);
-      CommImpl& c = *use;
-      CollArgs a;
-      a.coll = algo::Coll::SendRecv;
-      chorusStream_t stream = nullptr;  // the same for every call of this communicator (checked when added)
-      for (const GroupOp& g : ops)
-        if (g.comm == comm) {
-          a.p2p.push_back(g.op);
-          stream = g.stream;
-        }
-      c.validate(a);  // the group as a whole: its sends to this rank against its receives from it
-      CommImpl::Guard guard(c);
-      run(c, std::move(a), stream);
-    });
+  auto keep = [&](chorusResult_t r) {
     if (result == chorusSuccess) result = r;
+  };
+  std::vector<chorusComm*> seen;
+  for (const GroupOp& first : ops) {
+    if (std::find(seen.begin(), seen.end(), first.comm) != seen.end()) continue;
+    seen.push_back(first.comm);
+    Program p;
+    p.comm = first.comm;
+    p.stream = first.stream;
+    p.args.coll = algo::Coll::SendRecv;
+    for (const GroupOp& g : ops)
+      if (g.comm == first.comm) p.args.p2p.push_back(g.op);
+    keep(guarded(p.comm, [&] {
+      const Live use(p.comm);
+      (*use).validate(p.args);  // the group as a whole: its sends to this rank against its receives from it
+      p.ordered = p.stream != nullptr || uses_device(p.args);
+      programs.push_back(std::move(p));
+    }));
   }
+  // One communicator: its program runs here. Several: their programs run at once, so ranks that called the
+  // communicators in other orders still meet: host programs on the communicators' worker threads, stream-ordered
+  // ones staged together per stream (cuda_stream::enqueue_together).
+  if (programs.size() == 1) {
+    Program& p = programs.front();
+    keep(guarded(p.comm, [&] {
+      const Live use(p.comm);
+      CommImpl& c = *use;
+      CommImpl::Guard guard(c);
+      run(c, std::move(p.args), p.stream);
+    }));
+    return result;
+  }
+#ifdef CHORUS_WITH_CUDA
+  for (size_t i = 0; i < programs.size(); ++i) {
+    if (!programs[i].ordered || programs[i].comm == nullptr) continue;
+    // The stream-ordered programs on this program's stream, each under its communicator's guard.
+    struct Held {
+      explicit Held(chorusComm* comm) : use(comm), guard(*use) {}
+      Live use;
+      CommImpl::Guard guard;
+    };
+    std::vector<std::unique_ptr<Held>> held;
+    std::vector<chorusComm*> comms;
+    std::vector<cuda_stream::Call> calls;
+    const chorusStream_t stream = programs[i].stream;
+    for (size_t j = i; j < programs.size(); ++j) {
+      Program& p = programs[j];
+      if (!p.ordered || p.comm == nullptr || p.stream != stream) continue;
+      chorusComm* comm = std::exchange(p.comm, nullptr);  // taken
+      keep(guarded(comm, [&] {
+        held.push_back(std::make_unique<Held>(comm));
+        comms.push_back(comm);
+        calls.push_back(cuda_stream::Call{&*held.back()->use, std::move(p.args), nullptr});
+      }));
+    }
+    cuda_stream::enqueue_together(calls, stream);
+    for (size_t k = 0; k < calls.size(); ++k)
+      if (calls[k].error) keep(guarded(comms[k], [&] { std::rethrow_exception(calls[k].error); }));
+  }
+#endif
+  std::vector<std::pair<chorusComm*, std::shared_ptr<RequestState>>> submitted;
+  for (Program& p : programs) {
+    if (p.comm == nullptr || p.ordered) continue;
+    keep(guarded(p.comm, [&] {
+      const Live use(p.comm);
+      CommImpl& c = *use;
+      CommImpl::Guard guard(c);
+      submitted.emplace_back(p.comm, c.submit(std::move(p.args)));
+    }));
+  }
+  for (auto& [comm, req] : submitted)
+    keep(guarded(comm, [&] {
+      std::unique_lock<std::mutex> lock(req->mu);
+      req->cv.wait(lock, [&] { return req->done; });
+      if (req->result != chorusSuccess) throw Error(req->result, Subsys::Core, req->error);
+    }));
   return result;
 }
 

@@ -11,8 +11,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "core/communicator.h"
@@ -418,16 +420,102 @@ void load_kernels_once(int device) {
 
 }  // namespace
 
-void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
-  auto stream = reinterpret_cast<cudaStream_t>(user_stream);
+namespace {
+
+// A call between its two halves on the stream: begin() (staging in, the post) and finish() (the wait, staging out).
+struct Pending {
+  CommImpl* comm = nullptr;
+  std::unique_ptr<Op> op;
+  StagingPlan plan;
+};
+
+// Whether `stream` is capturing a graph (the graph in `graph`); throws chorusInvalidArgument for an invalidated
+// capture.
+bool capturing_into(cudaStream_t stream, cudaGraph_t* graph) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  if (capture == cudaStreamCaptureStatusInvalidated)
+    throw Error(chorusInvalidArgument, Subsys::Core, "stream: its graph capture was invalidated");
+  *graph = nullptr;
+  if (capture != cudaStreamCaptureStatusActive) return false;
+  check(cudaStreamGetCaptureInfo(stream, &capture, nullptr, graph), "cudaStreamGetCaptureInfo");
+  return true;
+}
+
+// The staging plan of the validated call `a`, checking its buffers (throws chorusInvalidArgument naming one that is
+// not device memory, or a device error-feedback residual).
+StagingPlan plan_call(const CommImpl& comm, const CollArgs& a) {
   if (a.error_feedback != nullptr && is_device_pointer(a.error_feedback))
     throw Error(chorusInvalidArgument, Subsys::Core,
                 "options->compression->error_feedback is device memory: the residual must be host memory");
-  const bool p2p = a.coll == algo::Coll::SendRecv;
-  const StagingPlan plan = p2p ? plan_p2p(a) : plan_collective(comm, a);
+  return a.coll == algo::Coll::SendRecv ? plan_p2p(a) : plan_collective(comm, a);
+}
+
+// Takes the call's staging and place, enqueues its staging in and its post. Throws with nothing enqueued that
+// would run the call (its place given up).
+Pending begin(CommImpl& comm, CollArgs a, StagingPlan plan, cudaStream_t stream, bool capturing) {
+  Pending p;
+  p.comm = &comm;
+  p.plan = std::move(plan);
+  p.op = std::make_unique<Op>();
+  Op& op = *p.op;
+  op.lifeline = comm.lifeline();
+  op.staging = pool().take(std::max<size_t>(p.plan.total, 1));
+  std::byte* st = op.staging->host;
+  op.args = std::move(a);
+  point_into(op.args, p.plan, st);
+  op.recv = p.plan.recv_bytes > 0 ? st + p.plan.recv_off : nullptr;
+  op.recv_bytes = p.plan.recv_bytes;
+  bool copying = false;
+  try {
+    if (!capturing) op.place = comm.reserve(completion(op.staging->flag, op.recv, op.recv_bytes));
+    for (const Segment& g : p.plan.in) {
+      copying = true;  // from here a copy may be writing into the staging
+      check(cudaMemcpyAsync(st + g.off, g.dev, g.bytes, cudaMemcpyDeviceToHost, stream), "staging in");
+    }
+    check(cudaLaunchHostFunc(stream, post_call, &op), "cudaLaunchHostFunc (post)");
+  } catch (const Error&) {
+    // Nothing will fill the reserved place: give it up, and the call did not happen. A staging that a copy may
+    // still be writing into is not given back (leaked, on this error path only).
+    if (op.place) comm.cancel(op.place);
+    if (!copying) pool().give(op.staging);
+    throw;
+  }
+  return p;
+}
+
+// Enqueues the begun call's wait and staging out, and hands its staging to the stream (or to the captured graph,
+// which keeps it until the graph is destroyed). On failure the host function still runs the call on this rank while
+// the stream may not wait for it or copy its result: the communicator is broken (later calls fail with this error
+// rather than mismatch), the Op stays alive for the host function, and the error is thrown.
+void finish(Pending& p, cudaStream_t stream, cudaGraph_t graph) {
+  Op* op = p.op.release();
+  try {
+    kernels::cuda::wait_host_flag(op->staging->flag_dev, 1, stream);
+    for (const Segment& g : p.plan.out)
+      check(cudaMemcpyAsync(g.dev, op->staging->host + g.off, g.bytes, cudaMemcpyHostToDevice, stream), "staging out");
+    if (graph != nullptr) {
+      cudaUserObject_t obj = nullptr;
+      check(cudaUserObjectCreate(&obj, op, release_call, 1, cudaUserObjectNoDestructorSync), "cudaUserObjectCreate");
+      check(cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove), "cudaGraphRetainUserObject");
+    } else {
+      check(cudaLaunchHostFunc(stream, release_call, op), "cudaLaunchHostFunc (release)");
+    }
+  } catch (const Error& e) {
+    p.comm->break_with(e);
+    throw;
+  }
+}
+
+}  // namespace
+
+void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
+  auto stream = reinterpret_cast<cudaStream_t>(user_stream);
+  StagingPlan plan = plan_call(comm, a);
   // Nothing to move (count 0, the same on every rank): nothing to order either, as a host call of count 0 does
   // nothing. Point-to-point and all-to-allv sizes are per rank: a rank moving no bytes still exchanges its (empty)
   // messages with its peers, as on the host, so it posts the call.
+  const bool p2p = a.coll == algo::Coll::SendRecv;
   const bool sizes_per_rank = p2p || a.coll == algo::Coll::AllToAllv || a.coll == algo::Coll::Barrier;
   if (plan.in.empty() && plan.out.empty() && !sizes_per_rank) return;
   load_kernels_once(stream_device(user_stream));
@@ -435,61 +523,44 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
   if (!p2p && cuda_local::applies(comm, a, user_stream) && cuda_local::enqueue(comm, a, user_stream)) return;
   // The wait kernel (and the staging's pool) belong to the stream's device.
   OnDevice on(stream_device(user_stream));
+  cudaGraph_t graph = nullptr;
+  const bool capturing = capturing_into(stream, &graph);
+  Pending p = begin(comm, std::move(a), std::move(plan), stream, capturing);
+  finish(p, stream, graph);
+}
 
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  if (capture == cudaStreamCaptureStatusInvalidated)
-    throw Error(chorusInvalidArgument, Subsys::Core, "stream: its graph capture was invalidated");
-  const bool capturing = capture == cudaStreamCaptureStatusActive;
-
-  auto op = std::make_unique<Op>();
-  op->lifeline = comm.lifeline();
-  op->staging = pool().take(std::max<size_t>(plan.total, 1));
-  std::byte* st = op->staging->host;
-  op->args = std::move(a);
-  point_into(op->args, plan, st);
-  uint32_t* flag = op->staging->flag;
-  op->recv = plan.recv_bytes > 0 ? st + plan.recv_off : nullptr;
-  op->recv_bytes = plan.recv_bytes;
-  bool copying = false, posted = false;
+void enqueue_together(std::vector<Call>& calls, chorusStream_t user_stream) {
+  auto stream = reinterpret_cast<cudaStream_t>(user_stream);
+  std::vector<Pending> begun;
+  cudaGraph_t graph = nullptr;
+  bool capturing = false;
+  std::optional<OnDevice> on;  // the wait kernel (and the staging's pool) belong to the stream's device
   try {
-    // Everything that can fail without running the call, before anything that commits to it.
-    cudaGraph_t graph = nullptr;
-    if (capturing) check(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph), "cudaStreamGetCaptureInfo");
-    if (!capturing) op->place = comm.reserve(completion(flag, op->recv, op->recv_bytes));
-    for (const Segment& g : plan.in) {
-      copying = true;  // from here a copy may be writing into the staging
-      check(cudaMemcpyAsync(st + g.off, g.dev, g.bytes, cudaMemcpyDeviceToHost, stream), "staging in");
+    const int device = stream_device(user_stream);
+    load_kernels_once(device);
+    on.emplace(device);
+    capturing = capturing_into(stream, &graph);
+  } catch (...) {
+    for (Call& c : calls) c.error = std::current_exception();
+    return;
+  }
+  for (Call& c : calls) {
+    try {
+      StagingPlan plan = plan_call(*c.comm, c.args);
+      begun.push_back(begin(*c.comm, std::move(c.args), std::move(plan), stream, capturing));
+    } catch (...) {
+      c.error = std::current_exception();
     }
-    check(cudaLaunchHostFunc(stream, post_call, op.get()), "cudaLaunchHostFunc (post)");
-    posted = true;
-    kernels::cuda::wait_host_flag(op->staging->flag_dev, 1, stream);
-    for (const Segment& g : plan.out)
-      check(cudaMemcpyAsync(g.dev, st + g.off, g.bytes, cudaMemcpyHostToDevice, stream), "staging out");
-    if (capturing) {
-      // The graph owns the call from here: its staging lives until the graph is destroyed.
-      cudaUserObject_t obj = nullptr;
-      check(cudaUserObjectCreate(&obj, op.get(), release_call, 1, cudaUserObjectNoDestructorSync),
-            "cudaUserObjectCreate");
-      check(cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove), "cudaGraphRetainUserObject");
-    } else {
-      check(cudaLaunchHostFunc(stream, release_call, op.get()), "cudaLaunchHostFunc (release)");
+  }
+  // Every begun call is finished, also after another call failed: its post is on the stream.
+  size_t next = 0;
+  for (Call& c : calls) {
+    if (c.error) continue;
+    try {
+      finish(begun[next++], stream, graph);
+    } catch (...) {
+      c.error = std::current_exception();
     }
-    op.release();
-  } catch (const Error& e) {
-    // Before the post was enqueued nothing will fill the reserved place: give it up, and the call did not happen.
-    // After, the host function still runs the call on this rank while the stream may not wait for it or copy its
-    // result: the communicator is broken (later calls fail with this error rather than mismatch), and the Op stays
-    // alive for the host function.
-    // A staging that a copy may still be writing into is not given back (leaked, on this error path only).
-    if (!posted) {
-      if (op->place) comm.cancel(op->place);
-      if (!copying) pool().give(op->staging);
-    } else {
-      comm.break_with(e);
-      op.release();
-    }
-    throw;
   }
 }
 

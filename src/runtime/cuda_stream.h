@@ -30,10 +30,12 @@
 
 #include <chorus/chorus.h>
 
-namespace chorus {
+#include <exception>
+#include <vector>
 
-class CommImpl;
-struct CollArgs;
+#include "core/communicator.h"
+
+namespace chorus {
 
 namespace cuda_stream {
 
@@ -54,6 +56,20 @@ void require_device_buffer(const void* p, const char* name);
 // communicator (later calls fail with it). A collective of count 0 does nothing; point-to-point calls and
 // all-to-allv that move no bytes on this rank still meet their peers (their empty messages), as on the host.
 void enqueue(CommImpl& comm, CollArgs a, chorusStream_t stream);
+
+// One communicator's validated point-to-point calls in a group that spans several communicators.
+struct Call {
+  CommImpl* comm = nullptr;
+  CollArgs args;
+  std::exception_ptr error;  // set by enqueue_together when this communicator's calls failed
+};
+
+// Enqueues the calls of several communicators (each communicator once) on `stream` so that they run at once: every
+// communicator's staging in and post first, then every communicator's wait and staging out. Enqueued one after
+// another, each communicator's post would wait on the stream until the previous communicator's calls finished, so
+// ranks that issued the communicators in other orders would wait for each other. A communicator's calls that fail
+// get in `error` what enqueue would have thrown (the others still run); never throws.
+void enqueue_together(std::vector<Call>& calls, chorusStream_t stream);
 
 // The CUDA driver function `name` (as of the CUDA 12 API), looked up through the runtime since libchorus does not
 // link libcuda; null where the driver has none. Cast it to the function's type.

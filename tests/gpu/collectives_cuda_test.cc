@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -447,6 +448,63 @@ TEST(CudaCollectives, PointToPointOnDeviceBuffersInAGroupAndAlone) {
   for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], val(0, 1, i)) << "element " << i;
   ASSERT_EQ(download(y.data(), b[1]->from_self.get(), 5 * 4), cudaSuccess);
   for (size_t i = 0; i < 5; ++i) ASSERT_EQ(y[i], val(0, 2, i)) << "element " << i;
+  destroy_streams(streams);
+}
+
+// A group spanning two communicators on one stream, called in opposite orders by the two ranks: each
+// communicator's staged calls are posted before any of them is waited for, so neither rank's stream waits in one
+// communicator for a peer that waits in the other.
+TEST(CudaCollectives, AGroupSpanningTwoCommunicatorsOnOneStreamMeetsInEitherOrder) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  World& w = World::get(2);
+  std::vector<cudaStream_t> streams = make_streams(2);
+  const size_t count = 300001;  // several slices
+  struct RankBuffers {
+    DeviceBuffer to_a{count * 4}, to_b{count * 4}, from_a{count * 4}, from_b{count * 4};
+  };
+  std::vector<std::unique_ptr<RankBuffers>> b;
+  for (int r = 0; r < 2; ++r) {
+    b.push_back(std::make_unique<RankBuffers>());
+    RankBuffers& k = *b.back();
+    ASSERT_TRUE(k.to_a.ok() && k.to_b.ok() && k.from_a.ok() && k.from_b.ok());
+    std::vector<int32_t> x(count, 10 + r);
+    ASSERT_EQ(upload(k.to_a.get(), x.data(), count * 4), cudaSuccess);
+    std::fill(x.begin(), x.end(), 20 + r);
+    ASSERT_EQ(upload(k.to_b.get(), x.data(), count * 4), cudaSuccess);
+  }
+  w.run([&](int r, chorusComm_t a) {
+    chorusComm_t c = nullptr;
+    ASSERT_EQ(chorusCommSplit(a, 0, r, &c), chorusSuccess) << chorusGetLastError(a);
+    RankBuffers& k = *b[r];
+    cudaStream_t s = streams[r];
+    auto exchange = [&](chorusComm_t comm, DeviceBuffer& out, DeviceBuffer& in) {
+      ASSERT_EQ(chorusSend(out.get(), count, chorusInt32, 1 - r, comm, s), chorusSuccess);
+      ASSERT_EQ(chorusRecv(in.get(), count, chorusInt32, 1 - r, comm, s), chorusSuccess);
+    };
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    if (r == 0) {
+      exchange(a, k.to_a, k.from_a);
+      exchange(c, k.to_b, k.from_b);
+    } else {
+      exchange(c, k.to_b, k.from_b);
+      exchange(a, k.to_a, k.from_a);
+    }
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(a) << " / " << chorusGetLastError(c);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    for (chorusComm_t comm : {a, c}) {
+      chorusResult_t async = chorusSuccess;
+      ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+      ASSERT_EQ(async, chorusSuccess) << chorusGetLastError(comm);
+    }
+    EXPECT_EQ(chorusCommDestroy(c), chorusSuccess);
+  });
+  std::vector<int32_t> y(count);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(download(y.data(), b[r]->from_a.get(), count * 4), cudaSuccess);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], 10 + (1 - r)) << "rank " << r << " element " << i;
+    ASSERT_EQ(download(y.data(), b[r]->from_b.get(), count * 4), cudaSuccess);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], 20 + (1 - r)) << "rank " << r << " element " << i;
+  }
   destroy_streams(streams);
 }
 

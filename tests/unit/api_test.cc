@@ -663,6 +663,59 @@ TEST(PointToPoint, GroupedExchangeInBothDirections) {
   });
 }
 
+TEST(PointToPoint, AGroupSpanningTwoCommunicatorsRunsThemAtOnce) {
+  // Each rank calls the communicators in its own order: issued one after another, rank 0 would wait in `a` for rank
+  // 1, which waits in `b` for rank 0. Messages of several slices, so a send cannot complete before its receive.
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t a) {
+    chorusComm_t b = nullptr;
+    ASSERT_EQ(chorusCommSplit(a, 0, r, &b), chorusSuccess) << chorusGetLastError(a);
+    const size_t count = 300001;
+    std::vector<int32_t> to_a(count, 10 + r), to_b(count, 20 + r), from_a(count, -1), from_b(count, -1);
+    auto exchange = [&](chorusComm_t c, std::vector<int32_t>& out, std::vector<int32_t>& in) {
+      ASSERT_EQ(chorusSend(out.data(), count, chorusInt32, 1 - r, c, nullptr), chorusSuccess);
+      ASSERT_EQ(chorusRecv(in.data(), count, chorusInt32, 1 - r, c, nullptr), chorusSuccess);
+    };
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    if (r == 0) {
+      exchange(a, to_a, from_a);
+      exchange(b, to_b, from_b);
+    } else {
+      exchange(b, to_b, from_b);
+      exchange(a, to_a, from_a);
+    }
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(a) << " / " << chorusGetLastError(b);
+    EXPECT_EQ(from_a.front(), 10 + (1 - r));
+    EXPECT_EQ(from_a.back(), 10 + (1 - r));
+    EXPECT_EQ(from_b.front(), 20 + (1 - r));
+    EXPECT_EQ(from_b.back(), 20 + (1 - r));
+    EXPECT_EQ(chorusCommDestroy(b), chorusSuccess);
+  });
+}
+
+TEST(PointToPoint, AGroupSpanningTwoCommunicatorsReportsEachOnesError) {
+  // A bad group on `b` (a send to itself without a receive) fails before anything runs; the calls on `a` still run,
+  // and the error is `b`'s.
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t a) {
+    chorusComm_t b = nullptr;
+    ASSERT_EQ(chorusCommSplit(a, 0, r, &b), chorusSuccess) << chorusGetLastError(a);
+    int64_t mine = 7 + r, theirs = -1, self = 3;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusSend(&self, 1, chorusInt64, r, b, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusSend(&mine, 1, chorusInt64, 1 - r, a, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusRecv(&theirs, 1, chorusInt64, 1 - r, a, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
+    EXPECT_NE(std::string(chorusGetLastError(b)).find("send(s) to itself but 0 receive(s)"), std::string::npos)
+        << chorusGetLastError(b);
+    EXPECT_EQ(theirs, 7 + (1 - r));
+    int64_t v = 1;  // both communicators are still usable
+    ASSERT_EQ(chorusAllReduce(&v, &v, 1, chorusInt64, chorusSum, b, nullptr), chorusSuccess) << chorusGetLastError(b);
+    EXPECT_EQ(v, 2);
+    EXPECT_EQ(chorusCommDestroy(b), chorusSuccess);
+  });
+}
+
 TEST(PointToPoint, CallsThatWouldWaitOrDropTheGroupAreRefusedInsideIt) {
   // A destroy inside a group used to be accepted and drop the queued calls (the group's end then failed on a dead
   // handle); a split would wait for peers that wait for this group's end.
