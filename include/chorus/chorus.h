@@ -294,9 +294,10 @@ chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatyp
  * chorusCommSplit or chorusCommDestroy there is chorusInvalidUsage (it would wait for peers that wait for this
  * group, or drop what it queued). An init inside a group blocks until its rendezvous completes, as outside one (one
  * rank per thread); chorusCommAbort, the queries, chorusWait/chorusTest and the reduction ops are allowed.
- * A group that spans several communicators runs their calls at once, so ranks may call the communicators in
- * different orders; it returns the first error (in the order the communicators first appear), each communicator's
- * in its chorusGetLastError. */
+ * A group that spans several communicators runs their calls at once (host buffers on the communicators' worker
+ * threads; stream-ordered calls, on one stream or several, enqueued with every post ahead of every wait), so ranks
+ * may call the communicators in different orders. It returns the error of the first communicator (in the order they
+ * first appear in the group) whose calls failed; each communicator's error is in its chorusGetLastError. */
 chorusResult_t chorusGroupStart(void);
 chorusResult_t chorusGroupEnd(void);
 

@@ -667,93 +667,93 @@ chorusResult_t chorusGroupEnd(void) {
   if (--t_group.depth > 0) return chorusSuccess;
   auto ops = std::move(t_group.ops);
   t_group.ops.clear();
-  // One program per communicator: its calls, in the order they were made.
+  // One program per communicator, in the order the communicators first appear: its calls, in the order made.
   struct Program {
     chorusComm* comm = nullptr;
     CollArgs args;
     chorusStream_t stream = nullptr;  // the same for every call of the communicator (checked when added)
     bool ordered = false;             // stream-ordered (a stream or device buffers), else host
+    bool issued = false;              // run, enqueued or submitted (or failed before)
+    chorusResult_t result = chorusSuccess;
   };
   std::vector<Program> programs;
-  chorusResult_t result = chorusSuccess;
-  auto keep = [&](chorusResult_t r) {
-    if (result == chorusSuccess) result = r;
-  };
-  std::vector<chorusComm*> seen;
   for (const GroupOp& first : ops) {
-    if (std::find(seen.begin(), seen.end(), first.comm) != seen.end()) continue;
-    seen.push_back(first.comm);
-    Program p;
+    if (std::any_of(programs.begin(), programs.end(), [&](const Program& p) { return p.comm == first.comm; })) continue;
+    Program& p = programs.emplace_back();
     p.comm = first.comm;
     p.stream = first.stream;
     p.args.coll = algo::Coll::SendRecv;
     for (const GroupOp& g : ops)
       if (g.comm == first.comm) p.args.p2p.push_back(g.op);
-    keep(guarded(p.comm, [&] {
+    p.result = guarded(p.comm, [&] {
       const Live use(p.comm);
       (*use).validate(p.args);  // the group as a whole: its sends to this rank against its receives from it
       p.ordered = p.stream != nullptr || uses_device(p.args);
-      programs.push_back(std::move(p));
-    }));
+    });
+    p.issued = p.result != chorusSuccess;
   }
-  // One communicator: its program runs here. Several: their programs run at once, so ranks that called the
-  // communicators in other orders still meet: host programs on the communicators' worker threads, stream-ordered
-  // ones staged together per stream (cuda_stream::enqueue_together).
-  if (programs.size() == 1) {
-    Program& p = programs.front();
-    keep(guarded(p.comm, [&] {
-      const Live use(p.comm);
-      CommImpl& c = *use;
-      CommImpl::Guard guard(c);
-      run(c, std::move(p.args), p.stream);
-    }));
-    return result;
+  auto first_error = [&] {
+    for (const Program& p : programs)
+      if (p.result != chorusSuccess) return p.result;
+    return chorusSuccess;
+  };
+  // One communicator to run: it runs here. Several: their programs run at once, so ranks that called the
+  // communicators in other orders still meet: the stream-ordered ones staged together (every post before any wait,
+  // cuda_stream::enqueue_together), the host ones on the communicators' worker threads.
+  if (std::count_if(programs.begin(), programs.end(), [](const Program& p) { return !p.issued; }) <= 1) {
+    for (Program& p : programs)
+      if (!p.issued)
+        p.result = guarded(p.comm, [&] {
+          const Live use(p.comm);
+          CommImpl& c = *use;
+          CommImpl::Guard guard(c);
+          run(c, std::move(p.args), p.stream);
+        });
+    return first_error();
   }
 #ifdef CHORUS_WITH_CUDA
-  for (size_t i = 0; i < programs.size(); ++i) {
-    if (!programs[i].ordered || programs[i].comm == nullptr) continue;
-    // The stream-ordered programs on this program's stream, each under its communicator's guard.
+  {
+    // Each stream-ordered program under its communicator's guard while it is enqueued.
     struct Held {
       explicit Held(chorusComm* comm) : use(comm), guard(*use) {}
       Live use;
       CommImpl::Guard guard;
     };
     std::vector<std::unique_ptr<Held>> held;
-    std::vector<chorusComm*> comms;
+    std::vector<Program*> staged;
     std::vector<cuda_stream::Call> calls;
-    const chorusStream_t stream = programs[i].stream;
-    for (size_t j = i; j < programs.size(); ++j) {
-      Program& p = programs[j];
-      if (!p.ordered || p.comm == nullptr || p.stream != stream) continue;
-      chorusComm* comm = std::exchange(p.comm, nullptr);  // taken
-      keep(guarded(comm, [&] {
-        held.push_back(std::make_unique<Held>(comm));
-        comms.push_back(comm);
-        calls.push_back(cuda_stream::Call{&*held.back()->use, std::move(p.args), nullptr});
-      }));
+    for (Program& p : programs) {
+      if (p.issued || !p.ordered) continue;
+      p.issued = true;
+      p.result = guarded(p.comm, [&] {
+        held.push_back(std::make_unique<Held>(p.comm));
+        calls.push_back(cuda_stream::Call{&*held.back()->use, std::move(p.args), p.stream, nullptr});
+        staged.push_back(&p);
+      });
     }
-    cuda_stream::enqueue_together(calls, stream);
+    if (!calls.empty()) cuda_stream::enqueue_together(calls);
     for (size_t k = 0; k < calls.size(); ++k)
-      if (calls[k].error) keep(guarded(comms[k], [&] { std::rethrow_exception(calls[k].error); }));
+      if (calls[k].error) staged[k]->result = guarded(staged[k]->comm, [&] { std::rethrow_exception(calls[k].error); });
   }
 #endif
-  std::vector<std::pair<chorusComm*, std::shared_ptr<RequestState>>> submitted;
+  std::vector<std::pair<Program*, std::shared_ptr<RequestState>>> submitted;
   for (Program& p : programs) {
-    if (p.comm == nullptr || p.ordered) continue;
-    keep(guarded(p.comm, [&] {
+    if (p.issued) continue;
+    p.issued = true;
+    p.result = guarded(p.comm, [&] {
       const Live use(p.comm);
       CommImpl& c = *use;
       CommImpl::Guard guard(c);
-      submitted.emplace_back(p.comm, c.submit(std::move(p.args)));
-    }));
+      submitted.emplace_back(&p, c.submit(std::move(p.args)));
+    });
   }
-  for (auto& [comm, req] : submitted)
-    keep(guarded(comm, [&] {
+  for (auto& [p, req] : submitted)
+    p->result = guarded(p->comm, [&] {
       std::unique_lock<std::mutex> lock(req->mu);
       req->cv.wait(lock, [&] { return req->done; });
       if (req->result != chorusSuccess) throw Error(req->result, Subsys::Core, req->error);
-    }));
-  return result;
+    });
+  return first_error();
 }
 
 #define CHORUS_ICOLL(body) \

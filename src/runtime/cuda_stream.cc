@@ -529,35 +529,39 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
   finish(p, stream, graph);
 }
 
-void enqueue_together(std::vector<Call>& calls, chorusStream_t user_stream) {
-  auto stream = reinterpret_cast<cudaStream_t>(user_stream);
-  std::vector<Pending> begun;
-  cudaGraph_t graph = nullptr;
-  bool capturing = false;
-  std::optional<OnDevice> on;  // the wait kernel (and the staging's pool) belong to the stream's device
-  try {
-    const int device = stream_device(user_stream);
-    load_kernels_once(device);
-    on.emplace(device);
-    capturing = capturing_into(stream, &graph);
-  } catch (...) {
-    for (Call& c : calls) c.error = std::current_exception();
-    return;
-  }
+void enqueue_together(std::vector<Call>& calls) {
+  // Each call's half-enqueued state: its stream's device, graph (under capture) and begun call.
+  struct Begun {
+    cudaStream_t stream = nullptr;
+    int device = 0;
+    cudaGraph_t graph = nullptr;
+    Pending pending;
+  };
+  std::vector<Begun> begun;
+  begun.reserve(calls.size());  // no reallocation: a Pending dropped after its post would free the Op it posted
   for (Call& c : calls) {
     try {
+      auto stream = reinterpret_cast<cudaStream_t>(c.stream);
+      const int device = stream_device(c.stream);
+      load_kernels_once(device);
+      OnDevice on(device);  // the wait kernel (and the staging's pool) belong to the stream's device
+      cudaGraph_t graph = nullptr;
+      const bool capturing = capturing_into(stream, &graph);
       StagingPlan plan = plan_call(*c.comm, c.args);
-      begun.push_back(begin(*c.comm, std::move(c.args), std::move(plan), stream, capturing));
+      Pending pending = begin(*c.comm, std::move(c.args), std::move(plan), stream, capturing);
+      begun.push_back(Begun{stream, device, graph, std::move(pending)});  // within the reserved capacity: no throw
     } catch (...) {
       c.error = std::current_exception();
     }
   }
-  // Every begun call is finished, also after another call failed: its post is on the stream.
+  // Every begun call is finished, also after another call failed: its post is on its stream.
   size_t next = 0;
   for (Call& c : calls) {
     if (c.error) continue;
+    Begun& b = begun[next++];
     try {
-      finish(begun[next++], stream, graph);
+      OnDevice on(b.device);
+      finish(b.pending, b.stream, b.graph);
     } catch (...) {
       c.error = std::current_exception();
     }

@@ -61,15 +61,17 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t stream);
 struct Call {
   CommImpl* comm = nullptr;
   CollArgs args;
-  std::exception_ptr error;  // set by enqueue_together when this communicator's calls failed
+  chorusStream_t stream = nullptr;  // NULL: the legacy default stream
+  std::exception_ptr error;         // set by enqueue_together when this communicator's calls failed
 };
 
-// Enqueues the calls of several communicators (each communicator once) on `stream` so that they run at once: every
-// communicator's staging in and post first, then every communicator's wait and staging out. Enqueued one after
-// another, each communicator's post would wait on the stream until the previous communicator's calls finished, so
-// ranks that issued the communicators in other orders would wait for each other. A communicator's calls that fail
-// get in `error` what enqueue would have thrown (the others still run); never throws.
-void enqueue_together(std::vector<Call>& calls, chorusStream_t stream);
+// Enqueues the calls of several communicators (each communicator once, on its own stream or a shared one) so that
+// they run at once: every call's staging in and post first, then every call's wait and staging out. Enqueued one
+// after another, a communicator's post would wait on the stream (or, through the legacy default stream's implicit
+// synchronization, on another stream) until the previous communicator's calls finished, so ranks that issued the
+// communicators in other orders would wait for each other. A call that fails gets in `error` what enqueue would
+// have thrown (the others still run); never throws.
+void enqueue_together(std::vector<Call>& calls);
 
 // The CUDA driver function `name` (as of the CUDA 12 API), looked up through the runtime since libchorus does not
 // link libcuda; null where the driver has none. Cast it to the function's type.
