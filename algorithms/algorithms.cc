@@ -1,5 +1,6 @@
 #include "algorithms/algorithms.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -185,16 +186,43 @@ const AlgorithmInfo* algorithm_by_id(int id) {
   return nullptr;
 }
 
+namespace {
+
+struct ProgramCache {
+  std::mutex mu;
+  std::map<std::tuple<int, int, int, int, std::vector<int>>, std::shared_ptr<const Program>> programs;
+};
+
+ProgramCache& program_cache() {
+  static ProgramCache* cache = new ProgramCache;  // never destroyed: communicators may die during static teardown
+  return *cache;
+}
+
+}  // namespace
+
 std::shared_ptr<const Program> get_program(const AlgorithmInfo& algo, const ProgramParams& params) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int, std::vector<int>>, std::shared_ptr<const Program>> cache;
+  ProgramCache& cache = program_cache();
   auto key = std::make_tuple(algo.id, params.nranks, params.root, params.nchannels, params.host_of_rank);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+  std::lock_guard<std::mutex> lock(cache.mu);
+  auto it = cache.programs.find(key);
+  if (it != cache.programs.end()) return it->second;
   auto prog = std::make_shared<const Program>(algo.generate(params));
-  cache.emplace(key, prog);
+  cache.programs.emplace(std::move(key), prog);
   return prog;
+}
+
+void release_unused_programs() {
+  ProgramCache& cache = program_cache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  // use_count() is exact here: a new holder can only come through get_program, which takes the same lock.
+  std::erase_if(cache.programs, [](const auto& entry) { return entry.second.use_count() == 1; });
+}
+
+size_t cached_program_count(int nranks) {
+  ProgramCache& cache = program_cache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  return static_cast<size_t>(std::count_if(cache.programs.begin(), cache.programs.end(),
+                                           [&](const auto& entry) { return std::get<1>(entry.first) == nranks; }));
 }
 
 }  // namespace chorus::algo

@@ -47,8 +47,16 @@ std::string compressed_algorithm_names(Coll coll);
 // The algorithm with wire id `id` in either table, or nullptr.
 const AlgorithmInfo* algorithm_by_id(int id);
 
-// Cached program for (coll, algorithm, params); thread-safe; programs are immutable once built.
+// Cached program for (coll, algorithm, params); thread-safe; programs are immutable once built. Throws
+// std::invalid_argument when the algorithm does not apply (nothing cached then). The cache keeps every program
+// until release_unused_programs() drops it: whoever needs a program again holds it (a communicator's Selector
+// holds the programs it generated), so a program is generated once per process while it is in use.
 std::shared_ptr<const Program> get_program(const AlgorithmInfo& algo, const ProgramParams& params);
+// Drops the cached programs that nobody else holds (a communicator calls it as it dies, after its selector).
+// Thread-safe.
+void release_unused_programs();
+// The number of cached programs for `nranks` ranks (tests, diagnostics). Thread-safe.
+size_t cached_program_count(int nranks);
 
 // One-shot programs send N(N-1) messages: generated for at most this many ranks.
 constexpr int kOneShotMaxRanks = 64;

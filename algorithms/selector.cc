@@ -253,15 +253,27 @@ std::vector<Candidate> Selector::unsimulated(Coll coll, int root) const {
   return out;
 }
 
-void Selector::simulate_candidate(Candidate& c, const ProgramParams& params, size_t count, size_t elem_size,
-                                  std::shared_ptr<const Program>* program) const {
+std::shared_ptr<const Program> Selector::program(const AlgorithmInfo& algorithm, int root) const {
+  const std::pair<int, int> key{algorithm.id, root};
+  {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    auto it = held_.find(key);
+    if (it != held_.end()) return it->second;
+  }
+  std::shared_ptr<const Program> prog = get_program(algorithm, {topo_.nranks(), root, nchannels_, host_of_rank_});
+  std::lock_guard<std::mutex> lock(held_mu_);
+  return held_.try_emplace(key, std::move(prog)).first->second;
+}
+
+void Selector::simulate_candidate(Candidate& c, int root, size_t count, size_t elem_size,
+                                  std::shared_ptr<const Program>* out) const {
   c.applicable = false;
   try {
-    std::shared_ptr<const Program> prog = get_program(*c.algorithm, params);
+    std::shared_ptr<const Program> prog = program(*c.algorithm, root);
     c.predicted_s = simulate(*prog, topo_, count, elem_size, sim_).seconds;
     c.applicable = true;
     c.note.clear();
-    if (program) *program = std::move(prog);
+    if (out) *out = std::move(prog);
   } catch (const std::invalid_argument& e) {
     c.note = cat("does not apply: ", e.what());
   } catch (const Error& e) {
@@ -272,8 +284,7 @@ void Selector::simulate_candidate(Candidate& c, const ProgramParams& params, siz
 std::vector<Candidate> Selector::evaluate(Coll coll, size_t count, size_t elem_size, int root) const {
   if (elem_size == 0) throw Error(chorusInvalidArgument, Subsys::Algorithms, "selector: elem_size is 0");
   std::vector<Candidate> out = unsimulated(coll, root);
-  const ProgramParams params{topo_.nranks(), rooted(coll) ? root : 0, nchannels_, host_of_rank_};
-  for (Candidate& c : out) simulate_candidate(c, params, count, elem_size, nullptr);
+  for (Candidate& c : out) simulate_candidate(c, rooted(coll) ? root : 0, count, elem_size, nullptr);
   return out;
 }
 
@@ -286,12 +297,11 @@ std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
   choice->count = key.count;
   choice->bytes = selection_bytes(coll, key.count, key.elem_size, n);
 
-  const ProgramParams params{n, key.root, nchannels_, host_of_rank_};
   std::vector<std::shared_ptr<const Program>> programs(choice->candidates.size());
   std::vector<bool> simulated(choice->candidates.size(), false);
   auto run = [&](size_t i) {
     if (simulated[i]) return;
-    simulate_candidate(choice->candidates[i], params, key.count, key.elem_size, &programs[i]);
+    simulate_candidate(choice->candidates[i], key.root, key.count, key.elem_size, &programs[i]);
     simulated[i] = true;
   };
   auto index_of = [&](const std::string& name) -> int {

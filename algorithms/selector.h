@@ -18,10 +18,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "algorithms/algorithms.h"
@@ -121,6 +124,10 @@ class Selector {
   // prints beside the choice. Throws like choose() for a bad root or a collective without algorithms.
   std::vector<Candidate> evaluate(Coll coll, size_t count, size_t elem_size, int root) const;
 
+  // The program of `algorithm` for this communicator (root: broadcast and reduce; else 0), generated once
+  // (get_program) and held while the selector lives. Throws std::invalid_argument when it does not apply.
+  std::shared_ptr<const Program> program(const AlgorithmInfo& algorithm, int root) const;
+
   const topo::Topology& topology() const { return topo_; }
   // rank -> host index of the topology, as the programs are generated with it.
   const std::vector<int>& host_of_rank() const { return host_of_rank_; }
@@ -146,9 +153,9 @@ class Selector {
   std::shared_ptr<const Choice> decide(const Key& key) const;
   // The collective's table entries, each "not simulated" (throws when it has none, or for a bad root).
   std::vector<Candidate> unsimulated(Coll coll, int root) const;
-  // Generates and simulates one candidate in place; `program` receives its program when it applies.
-  void simulate_candidate(Candidate& c, const ProgramParams& params, size_t count, size_t elem_size,
-                          std::shared_ptr<const Program>* program) const;
+  // Generates (program()) and simulates one candidate in place; `out` receives its program when it applies.
+  void simulate_candidate(Candidate& c, int root, size_t count, size_t elem_size,
+                          std::shared_ptr<const Program>* out) const;
 
   topo::Topology topo_;
   SimOptions sim_;
@@ -157,6 +164,10 @@ class Selector {
   std::vector<int> host_of_rank_;
   mutable std::shared_mutex mu_;
   mutable std::unordered_map<Key, std::shared_ptr<const Choice>, KeyHash> memo_;
+  // Every program this selector generated or took from the cache, by (algorithm id, root): held, so that the
+  // process-wide cache keeps them while this communicator lives and may drop them after.
+  mutable std::mutex held_mu_;
+  mutable std::map<std::pair<int, int>, std::shared_ptr<const Program>> held_;
 };
 
 }  // namespace chorus::algo

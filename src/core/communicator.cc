@@ -250,6 +250,9 @@ CommImpl::~CommImpl() {
   if (bootstrap_ != nullptr) bootstrap_->set_status(nullptr);  // its service thread must not read a dying object
   // Peers still in (or yet to make) a later collective learn from this note that this rank will not come.
   if (bootstrap_ != nullptr && !aborted_.load()) bootstrap_->leave_note(seq_);
+  // The programs only this communicator used go with it.
+  selector_.reset();
+  algo::release_unused_programs();
 }
 
 CommImpl::Guard::Guard(CommImpl& c) : c_(c) {
@@ -301,7 +304,7 @@ void CommImpl::validate(CollArgs& a) const {
     // the communicator. The program is cached, so the call that follows does not generate it again.
     const bool rooted = a.coll == Coll::Broadcast || a.coll == Coll::Reduce;
     try {
-      algo::get_program(*info, {n, rooted ? a.root : 0, nchannels_, selector_->host_of_rank()});
+      selector_->program(*info, rooted ? a.root : 0);
     } catch (const std::invalid_argument& e) {
       bad_arg(cat("options->algorithm='", a.algorithm, "' does not apply to this communicator: ", e.what()));
     }
@@ -962,7 +965,7 @@ void CommImpl::validate_compression(const CollArgs& a) const {
           "be compressed (use 'qonce')");
   }
   try {
-    algo::get_program(info, {nranks_, 0, nchannels_, selector_->host_of_rank()});
+    selector_->program(info, 0);
   } catch (const std::invalid_argument& e) {
     bad_arg(cat("options->algorithm='", info.name, "' does not apply to this communicator: ", e.what()));
   }
@@ -1075,7 +1078,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     if (a.compressed) {
       // Compressed schedules are named (or defaulted), not chosen by the cost model.
       const algo::AlgorithmInfo& info = compressed_algorithm(a);
-      compressed_prog = algo::get_program(info, {n, 0, nchannels_, selector_->host_of_rank()});
+      compressed_prog = selector_->program(info, 0);
       shared_prog = compressed_prog.get();
       hdr.algo = static_cast<uint16_t>(info.id);
     } else {

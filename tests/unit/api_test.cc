@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/algorithms.h"
 #include "tests/common/world.h"
 
 namespace chorus::test {
@@ -556,6 +557,43 @@ TEST(Communicator, RankAndSize) {
     EXPECT_EQ(rank, r);
     EXPECT_EQ(n, 3);
   });
+}
+
+TEST(Communicator, TheProgramsOnlyItUsedAreReleasedWithIt) {
+  // 7 ranks: no other test makes a communicator of that size, so the cached programs for 7 ranks are this test's.
+  const size_t before = chorus::algo::cached_program_count(7);
+  {
+    World w(7);
+    w.run([&](int r, chorusComm_t c) {
+      float v = 1.0f;
+      ASSERT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess)
+          << chorusGetLastError(c);
+      EXPECT_EQ(v, 7.0f);
+      int32_t b = r == 3 ? 42 : 0;
+      ASSERT_EQ(chorusBroadcast(&b, &b, 1, chorusInt32, 3, c, nullptr), chorusSuccess) << chorusGetLastError(c);
+      EXPECT_EQ(b, 42);
+    });
+    // The selector simulated several all-reduce and broadcast programs (every candidate), held by the communicators.
+    EXPECT_GT(chorus::algo::cached_program_count(7), before + 2);
+    // A second communicator of the same ranks shares them; destroying it releases none of them.
+    std::vector<chorusComm_t> dup(7, nullptr);
+    w.run([&](int r, chorusComm_t c) {
+      ASSERT_EQ(chorusCommSplit(c, 0, r, &dup[r]), chorusSuccess) << chorusGetLastError(c);
+      float v = 2.0f;
+      ASSERT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, dup[r], nullptr), chorusSuccess);
+      EXPECT_EQ(v, 14.0f);
+    });
+    const size_t during = chorus::algo::cached_program_count(7);
+    w.run([&](int r, chorusComm_t) { EXPECT_EQ(chorusCommDestroy(dup[r]), chorusSuccess); });
+    EXPECT_EQ(chorus::algo::cached_program_count(7), during);
+    // Still usable, on the cached programs.
+    w.run([&](int, chorusComm_t c) {
+      float v = 3.0f;
+      ASSERT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+      EXPECT_EQ(v, 21.0f);
+    });
+  }
+  EXPECT_EQ(chorus::algo::cached_program_count(7), before);
 }
 
 TEST(Communicator, SplitByColorAndKey) {
