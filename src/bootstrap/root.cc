@@ -15,6 +15,8 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "bootstrap/auth.h"
 #include "bootstrap/bootstrap.h"
@@ -473,13 +475,14 @@ class RootService {
           uint64_t progress = 0;
           std::memcpy(&progress, payload.data(), sizeof(progress));
           departed_notes_[c.rank] = progress;
-          if (progress < lowest_note_) {
-            lowest_note_ = progress;
-            for (int r = 0; r < nranks_; ++r)
-              if (r != c.rank && by_rank_[r] != nullptr)
-                enqueue(*by_rank_[r],
-                        make_buffer(MsgType::Deliver, c.rank, r, Bootstrap::kTagLeft, payload.data(), payload.size()));
-          }
+          // The ranks it exchanged point-to-point messages with get the note too: one may have had a message
+          // relayed to it just before it left, which it will never answer.
+          const bool lowest = progress < lowest_note_;
+          if (lowest) lowest_note_ = progress;
+          for (int r = 0; r < nranks_; ++r)
+            if (r != c.rank && by_rank_[r] != nullptr && (lowest || p2p_pair(r, c.rank)))
+              enqueue(*by_rank_[r],
+                      make_buffer(MsgType::Deliver, c.rank, r, Bootstrap::kTagLeft, payload.data(), payload.size()));
         }
         close_conn(c);
         if (phase_ == Phase::Complete) {
@@ -648,7 +651,23 @@ class RootService {
                 make_buffer(MsgType::Deliver, h.to, c.rank, Bootstrap::kTagLeft, &note->second, sizeof(note->second)));
       return;
     }
+    mark_p2p_pair(c.rank, h.to);
     enqueue(*dest, make_buffer(MsgType::Deliver, c.rank, h.to, h.tag, payload.data(), payload.size()));
+  }
+
+  // Pairs of ranks that had a point-to-point message relayed between them (either way): a bit per pair, a row
+  // allocated for the lower rank of a pair on its first relay.
+  void mark_p2p_pair(int a, int b) {
+    if (a > b) std::swap(a, b);
+    if (p2p_pairs_.empty()) p2p_pairs_.resize(static_cast<size_t>(nranks_));
+    std::vector<bool>& row = p2p_pairs_[static_cast<size_t>(a)];
+    if (row.empty()) row.resize(static_cast<size_t>(nranks_), false);
+    row[static_cast<size_t>(b)] = true;
+  }
+  bool p2p_pair(int a, int b) const {
+    if (a > b) std::swap(a, b);
+    if (p2p_pairs_.empty() || p2p_pairs_[static_cast<size_t>(a)].empty()) return false;
+    return p2p_pairs_[static_cast<size_t>(a)][static_cast<size_t>(b)];
   }
 
   std::string status_text() const {
@@ -825,12 +844,13 @@ class RootService {
 
   bool busy_ = false;
   int njoined_ = 0;
-  std::vector<bool> joined_;                // ever joined
-  std::vector<Conn*> by_rank_;              // live connection of each joined rank
-  uint64_t lowest_note_ = UINT64_MAX;       // the lowest leave note delivered (Bootstrap::leave_note)
-  std::map<int, uint64_t> departed_notes_;  // every leave note, by rank
-  std::vector<int> departed_;               // ranks that said goodbye after the rendezvous, in that order
-  bool gathers_failed_ = false;             // failed after the rendezvous: gathers are over
+  std::vector<bool> joined_;                  // ever joined
+  std::vector<Conn*> by_rank_;                // live connection of each joined rank
+  uint64_t lowest_note_ = UINT64_MAX;         // the lowest leave note delivered (Bootstrap::leave_note)
+  std::map<int, uint64_t> departed_notes_;    // every leave note, by rank
+  std::vector<int> departed_;                 // ranks that said goodbye after the rendezvous, in that order
+  std::vector<std::vector<bool>> p2p_pairs_;  // see mark_p2p_pair
+  bool gathers_failed_ = false;               // failed after the rendezvous: gathers are over
   std::vector<std::string> rank_peer_;
   std::vector<std::vector<uint8_t>> join_blobs_;
   std::string failure_text_;

@@ -465,6 +465,31 @@ TEST(PointToPoint, ASendToAPeerThatDestroyedItsCommunicatorFailsAtOnceNamingIt) 
   EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess);
 }
 
+TEST(PointToPoint, ASendWaitingForAPeerThatThenDestroysItsCommunicatorFailsNamingIt) {
+  // As above, but rank 0's send already waits (its connection request was relayed to rank 1) when rank 1 destroys
+  // its communicator. Rank 1's leave note equals rank 2's, so it is not passed to every rank; the root passes it to
+  // the ranks that had messages relayed to or from rank 1. Without that the send waited out the timeout.
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "120000");
+  chorusComm_t c[3] = {nullptr, nullptr, nullptr};
+  init_ranks(c);
+  ASSERT_EQ(chorusCommDestroy(c[2]), chorusSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  chorusResult_t sent = chorusSuccess;
+  std::string err;
+  std::thread sender([&] {
+    int32_t x = 7;
+    sent = chorusSend(&x, 1, chorusInt32, 1, c[0], nullptr);
+    err = chorusGetLastError(c[0]);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the send's request reaches rank 1 first
+  ASSERT_EQ(chorusCommDestroy(c[1]), chorusSuccess);
+  sender.join();
+  EXPECT_EQ(sent, chorusRemoteError);
+  EXPECT_NE(err.find("rank 1 destroyed its communicator"), std::string::npos) << err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << "the send waited out the timeout";
+  EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess);
+}
+
 TEST(Communicator, InitFromEnvOnABusyPortNamesTheVariablesItCameFrom) {
   // Rank 0 serves the rendezvous on MASTER_PORT; when that port is taken the error used to say only "cannot bind".
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
