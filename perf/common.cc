@@ -911,7 +911,8 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
 
 void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std::vector<RankInfo>& infos) {
   std::printf("# %s: %s\n", tool.name.c_str(), b.describe().c_str());
-  std::printf("# algorithm: %s\n", o.algorithm.empty() ? "chosen by the selector" : o.algorithm.c_str());
+  if (tool.flags.find('A') != std::string::npos)  // a Chorus tool (the baselines' algorithms are their own)
+    std::printf("# algorithm: %s\n", o.algorithm.empty() ? "chosen by the selector" : o.algorithm.c_str());
   if (o.compression != 0) {
     static const char* const kCodecNames[] = {"int8", "fp8_e4m3", "int4", "sign1", "sign_vote"};
     std::printf("# compression: codec %s block %s%s (busbw: effective; #wrong: relative L2 error vs fp64)\n",

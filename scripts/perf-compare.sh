@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Side by side, in one run: Chorus all_reduce_perf (processes under chorusrun, over shm and over tcp on loopback)
-# and Open MPI's MPI_Allreduce through perf/compare (btl vader, btl tcp on lo), at 2 and 4 ranks, float sum,
-# 8 B to 256 MiB. Writes a markdown table and the raw JSON under docs/perf/ (or $OUT).
+# Side by side, in one run: Chorus all_reduce_perf (processes under chorusrun, over shm and over tcp on loopback),
+# Open MPI's MPI_Allreduce (btl vader, btl tcp on lo) and Gloo's allreduce (ring, tcp on loopback) through
+# perf/compare, at 2 and 4 ranks, float sum, 8 B to 256 MiB. Writes a markdown table and the raw JSON under
+# docs/perf/ (or $OUT).
 # Usage: scripts/perf-compare.sh [max_bytes]   (default 256M)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,7 @@ small_iters=${SMALL_ITERS:-500}
 large_iters=${LARGE_ITERS:-20}
 out=${OUT:-docs/perf}
 bin=build/release
-bash scripts/build.sh chorusrun all_reduce_perf mpi_allreduce_perf
+bash scripts/build.sh chorusrun all_reduce_perf mpi_allreduce_perf gloo_allreduce_perf
 stamp=$(date -u +%Y-%m-%d)
 raw="$out/raw/allreduce-$stamp"
 mkdir -p "$raw"
@@ -34,8 +35,9 @@ for n in 2 4; do
   run "mpi-vader-$n" -- mpirun "${mpirun_flags[@]}" -np "$n" --mca btl self,vader "$bin/perf/mpi_allreduce_perf"
   run "mpi-tcp-$n" -- mpirun "${mpirun_flags[@]}" -np "$n" --mca btl self,tcp --mca btl_tcp_if_include lo \
     "$bin/perf/mpi_allreduce_perf"
+  run "gloo-tcp-$n" -- "$bin/chorusrun" -n "$n" "$bin/perf/gloo_allreduce_perf"
 done
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-python3 scripts/perf_table.py --title "All-reduce, Chorus vs Open MPI, $stamp, commit $commit" "$raw" \
-  > "$out/allreduce-vs-openmpi-$stamp.md"
-echo "wrote $out/allreduce-vs-openmpi-$stamp.md"
+python3 scripts/perf_table.py --title "All-reduce, Chorus vs Open MPI and Gloo, $stamp, commit $commit" "$raw" \
+  > "$out/allreduce-vs-openmpi-gloo-$stamp.md"
+echo "wrote $out/allreduce-vs-openmpi-gloo-$stamp.md"

@@ -13,7 +13,8 @@ packages=(
   libucx-dev            # the ucx transport (transports/ucx/; optional in CMake: CHORUS_UCX)
   libibverbs-dev        # the ibverbs transport (transports/ibverbs/; rdma-core; optional: CHORUS_IBVERBS)
   ibverbs-providers     # rdma-core's device drivers (mlx5, rxe, efa, ...), needed where an RDMA device exists
-  openmpi-bin libopenmpi-dev  # perf/compare baseline
+  openmpi-bin libopenmpi-dev  # perf/compare baseline (Open MPI)
+  libgloo-dev           # perf/compare baseline (Gloo, PyTorch's CPU backend)
   iproute2              # emulated hosts (network namespaces)
   libopenblas-dev       # the reference trainer's matrix products (trainer/ is built only when OpenBLAS is found)
   gnuplot-nox           # the reference trainer's loss-curve plot (loss.png)
