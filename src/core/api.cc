@@ -711,14 +711,16 @@ chorusResult_t chorusGroupEnd(void) {
         });
     return first_error();
   }
+  // A communicator in use by this group end: another thread's call on it is refused (Guard), and a destroy waits
+  // (Live), until its program is enqueued or done, as for a single communicator's.
+  struct Held {
+    explicit Held(chorusComm* comm) : use(comm), guard(*use) {}
+    Live use;
+    CommImpl::Guard guard;
+  };
 #ifdef CHORUS_WITH_CUDA
   {
     // Each stream-ordered program under its communicator's guard while it is enqueued.
-    struct Held {
-      explicit Held(chorusComm* comm) : use(comm), guard(*use) {}
-      Live use;
-      CommImpl::Guard guard;
-    };
     std::vector<std::unique_ptr<Held>> held;
     std::vector<Program*> staged;
     std::vector<cuda_stream::Call> calls;
@@ -736,23 +738,30 @@ chorusResult_t chorusGroupEnd(void) {
       if (calls[k].error) staged[k]->result = guarded(staged[k]->comm, [&] { std::rethrow_exception(calls[k].error); });
   }
 #endif
-  std::vector<std::pair<Program*, std::shared_ptr<RequestState>>> submitted;
+  struct Submitted {
+    Program* program;
+    std::unique_ptr<Held> held;  // until the program is done
+    std::shared_ptr<RequestState> req;
+  };
+  std::vector<Submitted> submitted;
   for (Program& p : programs) {
     if (p.issued) continue;
     p.issued = true;
     p.result = guarded(p.comm, [&] {
-      const Live use(p.comm);
-      CommImpl& c = *use;
-      CommImpl::Guard guard(c);
-      submitted.emplace_back(&p, c.submit(std::move(p.args)));
+      auto held = std::make_unique<Held>(p.comm);
+      auto req = (*held->use).submit(std::move(p.args));
+      submitted.push_back(Submitted{&p, std::move(held), std::move(req)});
     });
   }
-  for (auto& [p, req] : submitted)
-    p->result = guarded(p->comm, [&] {
-      std::unique_lock<std::mutex> lock(req->mu);
-      req->cv.wait(lock, [&] { return req->done; });
-      if (req->result != chorusSuccess) throw Error(req->result, Subsys::Core, req->error);
+  for (Submitted& s : submitted) {
+    s.program->result = guarded(s.program->comm, [&] {
+      RequestState& st = *s.req;
+      std::unique_lock<std::mutex> lock(st.mu);
+      st.cv.wait(lock, [&] { return st.done; });
+      if (st.result != chorusSuccess) throw Error(st.result, Subsys::Core, st.error);
     });
+    s.held.reset();
+  }
   return first_error();
 }
 

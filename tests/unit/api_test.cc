@@ -779,6 +779,60 @@ TEST(PointToPoint, AGroupSpanningTwoCommunicatorsReportsEachOnesError) {
   });
 }
 
+TEST(PointToPoint, AnotherThreadIsRefusedAWhileAGroupSpanningItRuns) {
+  // Rank 0's group spans the world and `a`; its receive on `a` waits for rank 1, which sends only later. Meanwhile a
+  // second thread of rank 0 calls a send on `a`: it is refused (as while a group on `a` alone runs), not queued
+  // behind the group, where its message would meet rank 1's next receive.
+  chorusComm_t world[2] = {nullptr, nullptr}, a[2] = {nullptr, nullptr};
+  init_ranks(world);
+  std::vector<std::thread> split;
+  for (int r = 0; r < 2; ++r)
+    split.emplace_back([&, r] { ASSERT_EQ(chorusCommSplit(world[r], 0, r, &a[r]), chorusSuccess); });
+  for (auto& t : split) t.join();
+  ASSERT_TRUE(a[0] != nullptr && a[1] != nullptr);
+  std::atomic<bool> second_done{false};
+  chorusResult_t second = chorusSuccess;
+  std::string second_err;
+  std::thread rank0([&] {
+    int32_t mine = 5, theirs = -1, late = -1;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    chorusSend(&mine, 1, chorusInt32, 1, world[0], nullptr);
+    chorusRecv(&theirs, 1, chorusInt32, 1, world[0], nullptr);
+    chorusRecv(&late, 1, chorusInt32, 1, a[0], nullptr);
+    EXPECT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(a[0]);
+    EXPECT_EQ(theirs, 6);
+    EXPECT_EQ(late, 7);
+    EXPECT_TRUE(second_done.load());
+  });
+  std::thread rank0_second([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    int32_t x = 9;
+    second = chorusSend(&x, 1, chorusInt32, 1, a[0], nullptr);
+    second_err = chorusGetLastError(a[0]);
+    second_done = true;
+  });
+  std::thread rank1([&] {
+    int32_t mine = 6, theirs = -1;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    chorusSend(&mine, 1, chorusInt32, 0, world[1], nullptr);
+    chorusRecv(&theirs, 1, chorusInt32, 0, world[1], nullptr);
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(world[1]);
+    EXPECT_EQ(theirs, 5);
+    while (!second_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    int32_t late = 7;
+    ASSERT_EQ(chorusSend(&late, 1, chorusInt32, 0, a[1], nullptr), chorusSuccess) << chorusGetLastError(a[1]);
+  });
+  rank0.join();
+  rank0_second.join();
+  rank1.join();
+  EXPECT_EQ(second, chorusInvalidUsage);
+  EXPECT_NE(second_err.find("two threads at once"), std::string::npos) << second_err;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(chorusCommDestroy(a[r]), chorusSuccess);
+    EXPECT_EQ(chorusCommDestroy(world[r]), chorusSuccess);
+  }
+}
+
 TEST(PointToPoint, CallsThatWouldWaitOrDropTheGroupAreRefusedInsideIt) {
   // A destroy inside a group used to be accepted and drop the queued calls (the group's end then failed on a dead
   // handle); a split would wait for peers that wait for this group's end.
