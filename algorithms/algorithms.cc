@@ -213,9 +213,17 @@ std::shared_ptr<const Program> get_program(const AlgorithmInfo& algo, const Prog
 
 void release_unused_programs() {
   ProgramCache& cache = program_cache();
+  std::vector<std::shared_ptr<const Program>> dropped;  // freed after the lock: hundreds of MB at 1000 ranks
   std::lock_guard<std::mutex> lock(cache.mu);
   // use_count() is exact here: a new holder can only come through get_program, which takes the same lock.
-  std::erase_if(cache.programs, [](const auto& entry) { return entry.second.use_count() == 1; });
+  for (auto it = cache.programs.begin(); it != cache.programs.end();) {
+    if (it->second.use_count() == 1) {
+      dropped.push_back(std::move(it->second));
+      it = cache.programs.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 size_t cached_program_count(int nranks) {

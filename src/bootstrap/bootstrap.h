@@ -61,8 +61,12 @@ class Bootstrap {
   // Sent with this rank's goodbye when it is destroyed (not after an abort): how far it went (the communicator: its
   // call count), for peers that may wait for it. The root delivers a note to every rank still connected when it is
   // lower than every note it delivered before, so the normal end of a job (equal notes) costs one delivery per rank
-  // and a rank that left early is known to all. Call before destruction.
+  // and a rank that left early is known to all; and to every rank whose connection request (kTagConnect) the
+  // leaving rank had not answered with its own. Call before destruction.
   virtual void leave_note(uint64_t progress) = 0;
+  // Tag of a communicator's connection request to a peer (CommImpl::ensure_connections): both ranks of a new
+  // connection send one, and the root pairs them up to know which requests wait for a rank that leaves.
+  static constexpr uint32_t kTagConnect = 1;
   // A peer's question of how far this rank is, answered by this rank's service thread with what set_status gives
   // (so a rank whose application thread is busy elsewhere, or idle, still answers), as a message with
   // kTagStatusReply (for a rank that has left, the root answers one byte). A rank that timed out asks every peer,

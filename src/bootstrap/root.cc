@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -475,12 +476,14 @@ class RootService {
           uint64_t progress = 0;
           std::memcpy(&progress, payload.data(), sizeof(progress));
           departed_notes_[c.rank] = progress;
-          // The ranks it exchanged point-to-point messages with get the note too: one may have had a message
-          // relayed to it just before it left, which it will never answer.
+          // A rank whose connection request it did not answer gets the note too: the request may have been
+          // relayed to it just before it left.
           const bool lowest = progress < lowest_note_;
           if (lowest) lowest_note_ = progress;
+          const std::vector<int> waiting = take_unanswered_connects(c.rank);
           for (int r = 0; r < nranks_; ++r)
-            if (r != c.rank && by_rank_[r] != nullptr && (lowest || p2p_pair(r, c.rank)))
+            if (r != c.rank && by_rank_[r] != nullptr &&
+                (lowest || std::find(waiting.begin(), waiting.end(), r) != waiting.end()))
               enqueue(*by_rank_[r],
                       make_buffer(MsgType::Deliver, c.rank, r, Bootstrap::kTagLeft, payload.data(), payload.size()));
         }
@@ -651,23 +654,33 @@ class RootService {
                 make_buffer(MsgType::Deliver, h.to, c.rank, Bootstrap::kTagLeft, &note->second, sizeof(note->second)));
       return;
     }
-    mark_p2p_pair(c.rank, h.to);
+    if (h.tag == Bootstrap::kTagConnect) pair_connect(c.rank, h.to);
     enqueue(*dest, make_buffer(MsgType::Deliver, c.rank, h.to, h.tag, payload.data(), payload.size()));
   }
 
-  // Pairs of ranks that had a point-to-point message relayed between them (either way): a bit per pair, a row
-  // allocated for the lower rank of a pair on its first relay.
-  void mark_p2p_pair(int a, int b) {
-    if (a > b) std::swap(a, b);
-    if (p2p_pairs_.empty()) p2p_pairs_.resize(static_cast<size_t>(nranks_));
-    std::vector<bool>& row = p2p_pairs_[static_cast<size_t>(a)];
-    if (row.empty()) row.resize(static_cast<size_t>(nranks_), false);
-    row[static_cast<size_t>(b)] = true;
+  // Connection requests (Bootstrap::kTagConnect) not yet answered by the peer's own request, by (from, to): a
+  // request from `from` to `to` answers one of `to`'s to `from`, or else waits for one. Complete exchanges leave
+  // nothing here, so the map holds only requests in flight.
+  static uint64_t pair_key(int from, int to) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(from)) << 32) | static_cast<uint32_t>(to);
   }
-  bool p2p_pair(int a, int b) const {
-    if (a > b) std::swap(a, b);
-    if (p2p_pairs_.empty() || p2p_pairs_[static_cast<size_t>(a)].empty()) return false;
-    return p2p_pairs_[static_cast<size_t>(a)][static_cast<size_t>(b)];
+  void pair_connect(int from, int to) {
+    auto answered = unanswered_connects_.find(pair_key(to, from));
+    if (answered != unanswered_connects_.end()) {
+      if (--answered->second == 0) unanswered_connects_.erase(answered);
+      return;
+    }
+    ++unanswered_connects_[pair_key(from, to)];
+  }
+  // The ranks whose requests `rank` did not answer; forgets every request to and from it.
+  std::vector<int> take_unanswered_connects(int rank) {
+    std::vector<int> waiting;
+    for (auto it = unanswered_connects_.begin(); it != unanswered_connects_.end();) {
+      const int from = static_cast<int>(it->first >> 32), to = static_cast<int>(it->first & 0xFFFFFFFFu);
+      if (to == rank) waiting.push_back(from);
+      it = from == rank || to == rank ? unanswered_connects_.erase(it) : std::next(it);
+    }
+    return waiting;
   }
 
   std::string status_text() const {
@@ -844,13 +857,13 @@ class RootService {
 
   bool busy_ = false;
   int njoined_ = 0;
-  std::vector<bool> joined_;                  // ever joined
-  std::vector<Conn*> by_rank_;                // live connection of each joined rank
-  uint64_t lowest_note_ = UINT64_MAX;         // the lowest leave note delivered (Bootstrap::leave_note)
-  std::map<int, uint64_t> departed_notes_;    // every leave note, by rank
-  std::vector<int> departed_;                 // ranks that said goodbye after the rendezvous, in that order
-  std::vector<std::vector<bool>> p2p_pairs_;  // see mark_p2p_pair
-  bool gathers_failed_ = false;               // failed after the rendezvous: gathers are over
+  std::vector<bool> joined_;                // ever joined
+  std::vector<Conn*> by_rank_;              // live connection of each joined rank
+  uint64_t lowest_note_ = UINT64_MAX;       // the lowest leave note delivered (Bootstrap::leave_note)
+  std::map<int, uint64_t> departed_notes_;  // every leave note, by rank
+  std::vector<int> departed_;               // ranks that said goodbye after the rendezvous, in that order
+  std::unordered_map<uint64_t, int> unanswered_connects_;  // see pair_connect
+  bool gathers_failed_ = false;                            // failed after the rendezvous: gathers are over
   std::vector<std::string> rank_peer_;
   std::vector<std::vector<uint8_t>> join_blobs_;
   std::string failure_text_;

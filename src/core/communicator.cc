@@ -30,7 +30,7 @@ using algo::Coll;
 
 namespace {
 
-constexpr uint32_t kTagConnect = 1;
+constexpr uint32_t kTagConnect = Bootstrap::kTagConnect;
 constexpr uint32_t kTagConnected = 2;
 constexpr uint32_t kTagSplit = 3;
 constexpr uint32_t kTagSplitId = 4;
@@ -1147,8 +1147,8 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
   if (is_reduction(a.coll) || a.coll == Coll::Barrier) reducer.emplace(reduce_spec(a));
 
   {
-    // Connections and per-step connection table: built once per program and cached (programs from the
-    // algorithm cache live as long as the process); point-to-point programs are built per call.
+    // Connections and per-step connection table: built once per program and cached (the selector holds its
+    // programs as long as the communicator lives); point-to-point programs are built per call.
     Wiring scratch_wiring;
     Wiring* wiring = nullptr;
     if (shared_prog) {
