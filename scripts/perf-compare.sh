@@ -12,7 +12,15 @@ small_iters=${SMALL_ITERS:-500}
 large_iters=${LARGE_ITERS:-20}
 out=${OUT:-docs/perf}
 bin=build/release
-bash scripts/build.sh chorusrun all_reduce_perf mpi_allreduce_perf gloo_allreduce_perf
+bash scripts/build.sh chorusrun all_reduce_perf mpi_allreduce_perf
+# Gloo's column where CMake found libgloo-dev (scripts/setup-deps.sh installs it).
+gloo=0
+if grep -q 'gloo_allreduce_perf' "$bin/build.ninja"; then
+  bash scripts/build.sh gloo_allreduce_perf
+  gloo=1
+else
+  echo "perf-compare: Gloo not found (apt-get install libgloo-dev): no Gloo column" >&2
+fi
 stamp=$(date -u +%Y-%m-%d)
 raw="$out/raw/allreduce-$stamp"
 mkdir -p "$raw"
@@ -35,7 +43,7 @@ for n in 2 4; do
   run "mpi-vader-$n" -- mpirun "${mpirun_flags[@]}" -np "$n" --mca btl self,vader "$bin/perf/mpi_allreduce_perf"
   run "mpi-tcp-$n" -- mpirun "${mpirun_flags[@]}" -np "$n" --mca btl self,tcp --mca btl_tcp_if_include lo \
     "$bin/perf/mpi_allreduce_perf"
-  run "gloo-tcp-$n" -- "$bin/chorusrun" -n "$n" "$bin/perf/gloo_allreduce_perf"
+  if [ "$gloo" = 1 ]; then run "gloo-tcp-$n" -- "$bin/chorusrun" -n "$n" "$bin/perf/gloo_allreduce_perf"; fi
 done
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 python3 scripts/perf_table.py --title "All-reduce, Chorus vs Open MPI and Gloo, $stamp, commit $commit" "$raw" \

@@ -140,6 +140,7 @@ class GlooAllReduce final : public Collective {
   double bus_factor(int n) const override { return 2.0 * (n - 1) / n; }
   Expect expect(const Layout&, int, int, int, size_t i) const override { return {Expect::Reduce, 0, i}; }
   void run(const OpArgs& a) const override {
+    if (a.count == 0) return;  // nothing to reduce (Gloo refuses zero elements)
     switch (a.dtype) {
       case chorusFloat64: return run_typed<double>(a);
       case chorusInt32: return run_typed<int32_t>(a);

@@ -753,14 +753,29 @@ chorusResult_t chorusGroupEnd(void) {
       submitted.push_back(Submitted{&p, std::move(held), std::move(req)});
     });
   }
-  for (Submitted& s : submitted) {
-    s.program->result = guarded(s.program->comm, [&] {
+  // Each communicator is let go as soon as its own program is done, whatever the order: an abort of one from
+  // another thread must not wait for the others.
+  for (size_t left = submitted.size(); left > 0;) {
+    for (Submitted& s : submitted) {
+      if (!s.held) continue;
       RequestState& st = *s.req;
       std::unique_lock<std::mutex> lock(st.mu);
-      st.cv.wait(lock, [&] { return st.done; });
-      if (st.result != chorusSuccess) throw Error(st.result, Subsys::Core, st.error);
-    });
-    s.held.reset();
+      if (!st.done) continue;
+      const chorusResult_t code = st.result;
+      const std::string error = st.error;
+      lock.unlock();
+      s.program->result = guarded(s.program->comm, [&] {
+        if (code != chorusSuccess) throw Error(code, Subsys::Core, error);
+      });
+      s.held.reset();
+      --left;
+    }
+    for (Submitted& s : submitted)
+      if (s.held) {  // the first one still running: wait for it, looking at the others every millisecond
+        std::unique_lock<std::mutex> lock(s.req->mu);
+        s.req->cv.wait_for(lock, std::chrono::milliseconds(1), [&] { return s.req->done; });
+        break;
+      }
   }
   return first_error();
 }

@@ -833,6 +833,51 @@ TEST(PointToPoint, AnotherThreadIsRefusedAWhileAGroupSpanningItRuns) {
   }
 }
 
+TEST(PointToPoint, AnAbortOfOneCommunicatorOfAGroupDoesNotWaitForTheOthers) {
+  // Rank 0's group spans the world, where its receive waits for rank 1, and `b`, where it exchanges with itself
+  // and is done at once. Another thread aborts `b`: it returns without waiting for the world's part (rank 1 sends
+  // only once the abort returned, or after 30 s).
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "120000");
+  chorusComm_t world[2] = {nullptr, nullptr}, b[2] = {nullptr, nullptr};
+  init_ranks(world);
+  std::vector<std::thread> split;
+  for (int r = 0; r < 2; ++r)
+    split.emplace_back([&, r] { ASSERT_EQ(chorusCommSplit(world[r], 0, r, &b[r]), chorusSuccess); });
+  for (auto& t : split) t.join();
+  ASSERT_TRUE(b[0] != nullptr && b[1] != nullptr);
+  std::atomic<bool> aborted{false};
+  bool rank1_saw_abort = false;
+  std::thread rank0([&] {
+    int32_t theirs = -1, self_in = 3, self_out = -1;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    chorusRecv(&theirs, 1, chorusInt32, 1, world[0], nullptr);
+    chorusSend(&self_in, 1, chorusInt32, 0, b[0], nullptr);
+    chorusRecv(&self_out, 1, chorusInt32, 0, b[0], nullptr);
+    EXPECT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(world[0]);
+    EXPECT_EQ(theirs, 8);
+    EXPECT_EQ(self_out, 3);
+  });
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(chorusCommAbort(b[0]), chorusSuccess);
+    aborted = true;
+  });
+  std::thread rank1([&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!aborted.load() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    rank1_saw_abort = aborted.load();
+    int32_t mine = 8;
+    EXPECT_EQ(chorusSend(&mine, 1, chorusInt32, 0, world[1], nullptr), chorusSuccess) << chorusGetLastError(world[1]);
+  });
+  rank0.join();
+  aborter.join();
+  rank1.join();
+  EXPECT_TRUE(rank1_saw_abort) << "the abort of b waited for the group's part on the world";
+  EXPECT_EQ(chorusCommAbort(b[1]), chorusSuccess);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(chorusCommDestroy(world[r]), chorusSuccess);
+}
+
 TEST(PointToPoint, CallsThatWouldWaitOrDropTheGroupAreRefusedInsideIt) {
   // A destroy inside a group used to be accepted and drop the queued calls (the group's end then failed on a dead
   // handle); a split would wait for peers that wait for this group's end.
