@@ -141,6 +141,21 @@ class Collective {
   virtual void run(const OpArgs& a) const = 0;
 };
 
+// All-reduce's shape, shared by all_reduce_perf and the baselines (perf/compare) so that all measure and check the
+// same thing: every rank ends with the reduction of every rank's `count` elements; a ring moves each byte
+// 2(n-1)/n times through every rank's link. Subclasses give run().
+class AllReduceShape : public Collective {
+ public:
+  const char* name() const override { return "all_reduce"; }
+  bool reduces() const override { return true; }
+  Layout layout(size_t bytes, size_t ts, int) const override {
+    const size_t count = bytes / ts;
+    return {count, count, count, count * ts, count};
+  }
+  double bus_factor(int n) const override { return 2.0 * (n - 1) / n; }
+  Expect expect(const Layout&, int, int, int, size_t i) const override { return {Expect::Reduce, 0, i}; }
+};
+
 // The communication the harness needs for itself.
 class Backend {
  public:

@@ -128,17 +128,9 @@ class GlooBackend final : public Backend {
   std::shared_ptr<gloo::Context> ctx_;
 };
 
-class GlooAllReduce final : public Collective {
+class GlooAllReduce final : public AllReduceShape {
  public:
   explicit GlooAllReduce(const GlooBackend* backend) : backend_(backend) {}
-  const char* name() const override { return "all_reduce"; }
-  bool reduces() const override { return true; }
-  Layout layout(size_t bytes, size_t ts, int) const override {
-    const size_t count = bytes / ts;
-    return {count, count, count, count * ts, count};
-  }
-  double bus_factor(int n) const override { return 2.0 * (n - 1) / n; }
-  Expect expect(const Layout&, int, int, int, size_t i) const override { return {Expect::Reduce, 0, i}; }
   void run(const OpArgs& a) const override {
     if (a.count == 0) return;  // nothing to reduce (Gloo refuses zero elements)
     switch (a.dtype) {

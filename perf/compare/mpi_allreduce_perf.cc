@@ -69,16 +69,8 @@ class MpiBackend final : public Backend {
   int nranks_ = 1;
 };
 
-class MpiAllReduce final : public Collective {
+class MpiAllReduce final : public AllReduceShape {
  public:
-  const char* name() const override { return "all_reduce"; }
-  bool reduces() const override { return true; }
-  Layout layout(size_t bytes, size_t ts, int) const override {
-    const size_t count = bytes / ts;
-    return {count, count, count, count * ts, count};
-  }
-  double bus_factor(int n) const override { return 2.0 * (n - 1) / n; }
-  Expect expect(const Layout&, int, int, int, size_t i) const override { return {Expect::Reduce, 0, i}; }
   void run(const OpArgs& a) const override {
     if (a.count > static_cast<size_t>(INT_MAX))
       throw PerfError("count " + std::to_string(a.count) + " does not fit MPI's int count");
