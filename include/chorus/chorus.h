@@ -297,7 +297,11 @@ chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatyp
  * A group that spans several communicators runs their calls at once (host buffers on the communicators' worker
  * threads; stream-ordered calls, on one stream or several, enqueued with every post ahead of every wait), so ranks
  * may call the communicators in different orders. It returns the error of the first communicator (in the order they
- * first appear in the group) whose calls failed; each communicator's error is in its chorusGetLastError. */
+ * first appear in the group) whose calls failed; each communicator's error is in its chorusGetLastError. A call
+ * refused when it was made inside the group (bad argument, or one of the calls above) is left out and the others
+ * run, so that peers are not left waiting; chorusGroupEnd then returns that refusal again (the first one, when no
+ * communicator's calls failed), with the text in chorusGetLastError(NULL), as NCCL's group end reports errors of
+ * calls made in the group. */
 chorusResult_t chorusGroupStart(void);
 chorusResult_t chorusGroupEnd(void);
 

@@ -134,8 +134,20 @@ struct GroupOp {
 struct GroupState {
   int depth = 0;
   std::vector<GroupOp> ops;
+  // The first call refused when it was made inside the group (its code and text): chorusGroupEnd returns it too.
+  chorusResult_t refused = chorusSuccess;
+  std::string refused_text;
 };
 thread_local GroupState t_group;
+
+// The result of a call that may be made inside a group: a refusal there is kept for chorusGroupEnd.
+chorusResult_t noted_in_group(chorusResult_t r) {
+  if (r != chorusSuccess && t_group.depth > 0 && t_group.refused == chorusSuccess) {
+    t_group.refused = r;
+    t_group.refused_text = t_last_error;
+  }
+  return r;
+}
 
 // Calls that block on their peers, or would end the group's queued calls, are refused inside a group: they would
 // wait for peers that wait for this group's chorusGroupEnd, or drop what it queued.
@@ -196,7 +208,7 @@ void run(CommImpl& c, CollArgs a, chorusStream_t stream) {
 
 chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
   stream = canonical(stream);
-  return guarded(comm, [&] {
+  return noted_in_group(guarded(comm, [&] {
     const Live use(comm);
     CommImpl& c = *use;
     no_stream_without_cuda(stream);
@@ -205,7 +217,7 @@ chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
     CommImpl::Guard guard(c);
     c.validate(a);
     run(c, std::move(a), stream);
-  });
+  }));
 }
 
 chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* request) {
@@ -228,7 +240,7 @@ chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* reques
 chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chorusDataType_t dtype, int peer,
                    chorusStream_t stream) {
   stream = canonical(stream);
-  return guarded(comm, [&] {
+  return noted_in_group(guarded(comm, [&] {
     const Live use(comm);
     CommImpl& c = *use;
     no_stream_without_cuda(stream);
@@ -266,7 +278,7 @@ chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chor
     }
     CommImpl::Guard guard(c);
     run(c, std::move(a), stream);
-  });
+  }));
 }
 
 }  // namespace
@@ -355,18 +367,18 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
 }
 
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm) {
-  return guarded(comm, [&] {
+  return noted_in_group(guarded(comm, [&] {
     const Live use(comm);
     CommImpl& c = *use;
     refuse_in_group("chorusCommSplit");
     CommImpl::Guard guard(c);
     auto impl = c.split(color, key, newcomm != nullptr);
     *newcomm = impl ? wrap(std::move(impl)) : nullptr;
-  });
+  }));
 }
 
 chorusResult_t chorusCommDestroy(chorusComm_t comm) {
-  return guarded(nullptr, [&] {
+  return noted_in_group(guarded(nullptr, [&] {
     const Live use(comm);
     refuse_in_group("chorusCommDestroy");
     {
@@ -377,7 +389,7 @@ chorusResult_t chorusCommDestroy(chorusComm_t comm) {
       (*use).drain();
     }
     retire(comm);
-  });
+  }));
 }
 
 chorusResult_t chorusCommAbort(chorusComm_t comm) {
@@ -667,6 +679,8 @@ chorusResult_t chorusGroupEnd(void) {
   if (--t_group.depth > 0) return chorusSuccess;
   auto ops = std::move(t_group.ops);
   t_group.ops.clear();
+  const chorusResult_t refused = std::exchange(t_group.refused, chorusSuccess);
+  const std::string refused_text = std::exchange(t_group.refused_text, std::string());
   // One program per communicator, in the order the communicators first appear: its calls, in the order made.
   struct Program {
     chorusComm* comm = nullptr;
@@ -692,10 +706,14 @@ chorusResult_t chorusGroupEnd(void) {
     });
     p.issued = p.result != chorusSuccess;
   }
+  // The first communicator's error, else the first call refused when it was made (the others ran without it).
   auto first_error = [&] {
     for (const Program& p : programs)
       if (p.result != chorusSuccess) return p.result;
-    return chorusSuccess;
+    if (refused != chorusSuccess)
+      set_error(nullptr,
+                cat("chorusGroupEnd: the group ran without a call it refused when it was made: ", refused_text));
+    return refused;
   };
   // One communicator to run: it runs here. Several: their programs run at once, so ranks that called the
   // communicators in other orders still meet: the stream-ordered ones staged together (every post before any wait,

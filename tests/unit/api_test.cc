@@ -779,6 +779,30 @@ TEST(PointToPoint, AGroupSpanningTwoCommunicatorsReportsEachOnesError) {
   });
 }
 
+TEST(PointToPoint, AGroupEndReturnsACallItRefusedAfterRunningTheOthers) {
+  // A caller that checks only chorusGroupEnd (as NCCL code often does) learns of a call refused inside the group;
+  // the group's other calls still ran, so the peer was not left waiting.
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t c) {
+    int64_t mine = 20 + r, theirs = -1;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusSend(&mine, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusSend(&mine, 1, chorusInt64, 5, c, nullptr), chorusInvalidArgument);
+    ASSERT_EQ(chorusRecv(&theirs, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
+    const std::string text = chorusGetLastError(nullptr);
+    EXPECT_NE(text.find("chorusGroupEnd: the group ran without a call it refused when it was made"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("peer=5 is out of range"), std::string::npos) << text;
+    EXPECT_EQ(theirs, 20 + (1 - r));
+    // The next group starts clean.
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusSend(&mine, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusRecv(&theirs, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(nullptr);
+  });
+}
+
 TEST(PointToPoint, AnotherThreadIsRefusedAWhileAGroupSpanningItRuns) {
   // Rank 0's group spans the world and `a`; its receive on `a` waits for rank 1, which sends only later. Meanwhile a
   // second thread of rank 0 calls a send on `a`: it is refused (as while a group on `a` alone runs), not queued
@@ -895,7 +919,12 @@ TEST(PointToPoint, CallsThatWouldWaitOrDropTheGroupAreRefusedInsideIt) {
     EXPECT_EQ(other, nullptr);
     int n = 0;
     EXPECT_EQ(chorusCommCount(c, &n), chorusSuccess);  // a query is fine
-    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
+    // The group's calls run; its end returns the first refusal too.
+    EXPECT_EQ(chorusGroupEnd(), chorusInvalidUsage);
+    EXPECT_NE(
+        std::string(chorusGetLastError(nullptr)).find("refused when it was made: chorusCommDestroy inside a group"),
+        std::string::npos)
+        << chorusGetLastError(nullptr);
     EXPECT_EQ(theirs, 10 + (1 - r));
   });
 }
