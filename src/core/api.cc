@@ -221,7 +221,7 @@ chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
 }
 
 chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* request) {
-  return guarded(comm, [&] {
+  return noted_in_group(guarded(comm, [&] {
     const Live use(comm);
     CommImpl& c = *use;
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
@@ -234,7 +234,7 @@ chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* reques
     r->comm = comm;
     r->state = c.submit(std::move(a));
     *request = r.release();
-  });
+  }));
 }
 
 chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chorusDataType_t dtype, int peer,
@@ -508,13 +508,13 @@ chorusResult_t apply_options(chorusComm* comm, CollArgs& a, const chorusCollOpti
 }
 
 chorusResult_t collective_ex(chorusComm* comm, CollArgs a, const chorusCollOptions_t* options, chorusStream_t stream) {
-  const chorusResult_t r = apply_options(comm, a, options);
+  const chorusResult_t r = noted_in_group(apply_options(comm, a, options));
   return r != chorusSuccess ? r : collective(comm, std::move(a), stream);
 }
 
 chorusResult_t icollective_ex(chorusComm* comm, CollArgs a, const chorusCollOptions_t* options,
                               chorusRequest_t* request) {
-  const chorusResult_t r = apply_options(comm, a, options);
+  const chorusResult_t r = noted_in_group(apply_options(comm, a, options));
   return r != chorusSuccess ? r : icollective(comm, std::move(a), request);
 }
 }  // namespace
@@ -645,7 +645,8 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
                                const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
                                chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
-  chorusResult_t r = alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
+  chorusResult_t r =
+      noted_in_group(alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype));
   return r != chorusSuccess ? r : collective(comm, std::move(a), stream);
 }
 
@@ -872,7 +873,8 @@ chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, 
                                 const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
                                 chorusComm_t comm, chorusRequest_t* request) {
   CollArgs a;
-  chorusResult_t r = alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype);
+  chorusResult_t r =
+      noted_in_group(alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype));
   return r != chorusSuccess ? r : icollective(comm, std::move(a), request);
 }
 

@@ -789,12 +789,21 @@ TEST(PointToPoint, AGroupEndReturnsACallItRefusedAfterRunningTheOthers) {
     ASSERT_EQ(chorusSend(&mine, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
     EXPECT_EQ(chorusSend(&mine, 1, chorusInt64, 5, c, nullptr), chorusInvalidArgument);
     ASSERT_EQ(chorusRecv(&theirs, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
+    // Later refusals (a collective, with options or not, a non-blocking one) do not replace the first.
+    float f = 1.0f;
+    chorusRequest_t req = nullptr;
+    EXPECT_EQ(chorusAllReduce(&f, &f, 1, chorusFloat32, chorusSum, c, nullptr), chorusInvalidUsage);
+    EXPECT_EQ(chorusIallReduce(&f, &f, 1, chorusFloat32, chorusSum, c, &req), chorusInvalidUsage);
     EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
     const std::string text = chorusGetLastError(nullptr);
     EXPECT_NE(text.find("chorusGroupEnd: the group ran without a call it refused when it was made"), std::string::npos)
         << text;
     EXPECT_NE(text.find("peer=5 is out of range"), std::string::npos) << text;
     EXPECT_EQ(theirs, 20 + (1 - r));
+    // A non-blocking collective alone in a group: its refusal is the group end's result.
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    EXPECT_EQ(chorusIallReduce(&f, &f, 1, chorusFloat32, chorusSum, c, &req), chorusInvalidUsage);
+    EXPECT_EQ(chorusGroupEnd(), chorusInvalidUsage);
     // The next group starts clean.
     ASSERT_EQ(chorusGroupStart(), chorusSuccess);
     ASSERT_EQ(chorusSend(&mine, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
