@@ -34,6 +34,17 @@ void init_ranks(chorusComm_t (&c)[N]) {
 
 void init_pair(chorusComm_t (&c)[2]) { init_ranks(c); }
 
+// A fresh communicator of N ranks and a second one split from it (same ranks, same order).
+template <size_t N>
+void init_ranks_and_split(chorusComm_t (&world)[N], chorusComm_t (&other)[N]) {
+  init_ranks(world);
+  std::vector<std::thread> split;
+  for (int r = 0; r < static_cast<int>(N); ++r)
+    split.emplace_back([&, r] { ASSERT_EQ(chorusCommSplit(world[r], 0, r, &other[r]), chorusSuccess); });
+  for (auto& t : split) t.join();
+  for (chorusComm_t c : other) ASSERT_NE(c, nullptr);
+}
+
 // Sets an environment variable for one scope.
 struct ScopedEnv {
   ScopedEnv(const char* name, const char* value) : name_(name) {
@@ -817,12 +828,7 @@ TEST(PointToPoint, AnotherThreadIsRefusedAWhileAGroupSpanningItRuns) {
   // second thread of rank 0 calls a send on `a`: it is refused (as while a group on `a` alone runs), not queued
   // behind the group, where its message would meet rank 1's next receive.
   chorusComm_t world[2] = {nullptr, nullptr}, a[2] = {nullptr, nullptr};
-  init_ranks(world);
-  std::vector<std::thread> split;
-  for (int r = 0; r < 2; ++r)
-    split.emplace_back([&, r] { ASSERT_EQ(chorusCommSplit(world[r], 0, r, &a[r]), chorusSuccess); });
-  for (auto& t : split) t.join();
-  ASSERT_TRUE(a[0] != nullptr && a[1] != nullptr);
+  ASSERT_NO_FATAL_FAILURE(init_ranks_and_split(world, a));
   std::atomic<bool> second_done{false};
   chorusResult_t second = chorusSuccess;
   std::string second_err;
@@ -872,12 +878,7 @@ TEST(PointToPoint, AnAbortOfOneCommunicatorOfAGroupDoesNotWaitForTheOthers) {
   // only once the abort returned, or after 30 s).
   ScopedEnv timeout("CHORUS_TIMEOUT_MS", "120000");
   chorusComm_t world[2] = {nullptr, nullptr}, b[2] = {nullptr, nullptr};
-  init_ranks(world);
-  std::vector<std::thread> split;
-  for (int r = 0; r < 2; ++r)
-    split.emplace_back([&, r] { ASSERT_EQ(chorusCommSplit(world[r], 0, r, &b[r]), chorusSuccess); });
-  for (auto& t : split) t.join();
-  ASSERT_TRUE(b[0] != nullptr && b[1] != nullptr);
+  ASSERT_NO_FATAL_FAILURE(init_ranks_and_split(world, b));
   std::atomic<bool> aborted{false};
   bool rank1_saw_abort = false;
   std::thread rank0([&] {
