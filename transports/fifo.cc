@@ -43,6 +43,7 @@ SlotFifo::SlotFifo(void* region, size_t slot_bytes, int depth, bool initialize)
     new (&ctl_->head_waiting) std::atomic<uint32_t>(0);
     new (&ctl_->tail) std::atomic<uint32_t>(0);
     new (&ctl_->tail_waiting) std::atomic<uint32_t>(0);
+    for (uint32_t i = 0; i < depth_; ++i) new (ready(slot(i))) std::atomic<uint32_t>(0);
   }
 }
 
@@ -55,19 +56,18 @@ std::byte* SlotFifo::send_slot() {
 }
 
 void SlotFifo::send_commit(const WireHeader& header) {
-  std::memcpy(slot(head_), &header, sizeof(header));
+  std::byte* s = slot(head_);
+  std::memcpy(s, &header, sizeof(header));
   ++head_;
+  ready(s)->store(head_, std::memory_order_release);
   // seq_cst store then load: either the sleeping receiver sees the new head before it sleeps, or we see its flag.
   ctl_->head.store(head_, std::memory_order_seq_cst);
   if (ctl_->head_waiting.load(std::memory_order_seq_cst)) futex_wake(&ctl_->head);
 }
 
 MessageView SlotFifo::recv_peek() {
-  if (tail_ == cached_head_) {
-    cached_head_ = ctl_->head.load(std::memory_order_acquire);
-    if (tail_ == cached_head_) return {};
-  }
   std::byte* s = slot(tail_);
+  if (ready(s)->load(std::memory_order_acquire) != tail_ + 1) return {};
   return {reinterpret_cast<const WireHeader*>(s), s + kHeaderSpace};
 }
 

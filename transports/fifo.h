@@ -1,12 +1,16 @@
 // A single-producer single-consumer FIFO of fixed-size slots laid out in one memory region: the shared core of
-// the local (threads) and shm (processes) transports. The sender writes a slot then publishes it by advancing
-// `head` (release); the receiver reads it in place and frees it by advancing `tail` (release). The region may be
-// process-shared memory: it holds only lock-free atomics and bytes.
+// the local (threads) and shm (processes) transports. The sender writes a slot, publishes it by storing the
+// message's number in the slot's `ready` word (release), then advances `head`; the receiver polls the `ready` word
+// of the slot it expects next, reads the slot in place and frees it by advancing `tail` (release). Polling the slot
+// itself, not `head`, means a small message costs the receiver one cache line (ready word, header and up to 16
+// payload bytes share it), as the fast boxes of Open MPI's shared-memory transport do; `head` is read only by a
+// receiver about to sleep. The region may be process-shared memory: it holds only lock-free atomics and bytes.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 
 #include "transports/transport.h"
 
@@ -39,9 +43,15 @@ class SlotFifo {
     std::atomic<uint32_t> tail_waiting;      // set by the sender while it sleeps on tail
   };
   static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4);
-  // The payload follows the header at a 16-byte boundary: up to 16 payload bytes share the header's cache line,
-  // so a small message moves one line, not two.
+  // A slot: the WireHeader (40 bytes), the ready word (4 bytes: the number of the message in the slot plus one,
+  // so the zeroed region reads as empty), then the payload at a 16-byte boundary. Up to 16 payload bytes share
+  // the header's cache line, so a small message moves one line, not two.
+  static constexpr size_t kReadyOffset = sizeof(WireHeader);
   static constexpr size_t kHeaderSpace = 48;
+  static_assert(kReadyOffset + sizeof(std::atomic<uint32_t>) <= kHeaderSpace);
+  std::atomic<uint32_t>* ready(std::byte* slot) const {
+    return std::launder(reinterpret_cast<std::atomic<uint32_t>*>(slot + kReadyOffset));
+  }
 
   std::byte* slot(uint32_t i) const { return slots_ + (i % depth_) * stride_; }
 
@@ -49,8 +59,8 @@ class SlotFifo {
   std::byte* slots_;
   size_t stride_;
   uint32_t depth_;
-  // Each side's own copy of the counter it advances, and a cached view of the other side's.
-  uint32_t head_ = 0, tail_ = 0, cached_tail_ = 0, cached_head_ = 0;
+  // Each side's own copy of the counter it advances, and the sender's cached view of `tail`.
+  uint32_t head_ = 0, tail_ = 0, cached_tail_ = 0;
 };
 
 // A Connection over two SlotFifos (one per direction) living in memory kept alive by `keepalive`.
