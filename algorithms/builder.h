@@ -19,9 +19,9 @@ namespace chorus::algo {
 
 // Step and chunk constructors shared by the program generators.
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
-inline ChunkRef in(int c) { return {BufKind::Input, c}; }
-inline ChunkRef out(int c) { return {BufKind::Output, c}; }
-inline ChunkRef scr(int c) { return {BufKind::Scratch, c}; }
+inline ChunkRef in(int c, int count = 1) { return {BufKind::Input, c, count}; }
+inline ChunkRef out(int c, int count = 1) { return {BufKind::Output, c, count}; }
+inline ChunkRef scr(int c, int count = 1) { return {BufKind::Scratch, c, count}; }
 inline Step send(int peer, ChunkRef src) { return Step{OpCode::Send, -1, peer, src, {}, false}; }
 inline Step recv(int peer, ChunkRef dst, bool final = false) { return Step{OpCode::Recv, peer, -1, {}, dst, final}; }
 inline Step copy(ChunkRef src, ChunkRef dst, bool final) { return Step{OpCode::Copy, -1, -1, src, dst, final}; }

@@ -14,8 +14,10 @@
 //    added for one rank per node): every rank's block travels a binomial tree; all-gather at halving distances
 //    straight into the output, reduce-scatter by the mirrored trees, processed deepest offset first so that a rank
 //    holds at most one partial block (one scratch block per channel, whatever the rank count).
-// Messages always carry one chunk; a round that moves several chunks to one peer alternates sends and receives,
-// so two partners never both wait for FIFO space.
+// Halving/doubling moves one run of chunks per partner and round (one message, cut into slices), each round a phase
+// of its own (Step::fence); reduce-scatter and all-gather with several channels, Bruck and PAT still send one
+// chunk per message, and a round that moves several to one peer alternates sends and receives, so two partners
+// never both wait for FIFO space.
 #include <bit>
 #include <stdexcept>
 
@@ -158,16 +160,31 @@ struct Rhd {
   int rank_of(int i) const { return i < R ? 2 * i + 1 : i + R; }
   // The folded rank served by participant i, or -1.
   int extra_of(int i) const { return i < R ? 2 * i : -1; }
-  // Blocks (= ranks) served by participants [lo, hi), in participant order.
-  std::vector<int> blocks(int lo, int hi) const {
-    std::vector<int> v;
-    for (int i = lo; i < hi; ++i) {
-      if (extra_of(i) >= 0) v.push_back(extra_of(i));
-      v.push_back(rank_of(i));
-    }
-    return v;
-  }
+  // Blocks (= ranks) served by participants [lo, hi) are the consecutive blocks [first_block(lo), first_block(hi)).
+  int first_block(int i) const { return i < R ? 2 * i : i + R; }
 };
+
+// Steps over the blocks [b0, b1) of a buffer whose chunk b * nch + ch is channel ch's part of block b:
+// `make(first chunk, chunks)` once for the whole run with one channel (consecutive blocks are consecutive chunks)
+// unless `per_block`, else once per block.
+template <class Make>
+std::vector<Step> block_runs(int b0, int b1, int nch, int ch, Make make, bool per_block = false) {
+  std::vector<Step> v;
+  if (b1 <= b0) return v;
+  if (nch == 1 && !per_block) {
+    v.push_back(make(b0, b1 - b0));
+  } else {
+    for (int b = b0; b < b1; ++b) v.push_back(make(b * nch + ch, 1));
+  }
+  return v;
+}
+
+// Appends the steps of `v`, the first starting a phase (Step::fence).
+void append_phase(std::vector<Step>& lane, const std::vector<Step>& v) {
+  const size_t first = lane.size();
+  lane.insert(lane.end(), v.begin(), v.end());
+  if (lane.size() > first) lane[first].fence = true;
+}
 
 // Alternates the two lists of steps (a0 b0 a1 b1 ...), then appends what is left of the longer.
 void interleave(std::vector<Step>& lane, const std::vector<Step>& a, const std::vector<Step>& b) {
@@ -175,6 +192,14 @@ void interleave(std::vector<Step>& lane, const std::vector<Step>& a, const std::
     if (k < a.size()) lane.push_back(a[k]);
     if (k < b.size()) lane.push_back(b[k]);
   }
+}
+
+// One round of halving or doubling: its sends and receives alternated, as a phase of its own (it needs the whole
+// result of the round before).
+void round_phase(std::vector<Step>& lane, const std::vector<Step>& sends, const std::vector<Step>& recvs) {
+  std::vector<Step> v;
+  interleave(v, sends, recvs);
+  append_phase(lane, v);
 }
 
 }  // namespace
@@ -192,51 +217,44 @@ Program rhd_allreduce(const ProgramParams& p) {
     rp.input = rp.output = {1, h.P * nch};
     for (int ch = 0; ch < nch; ++ch) {
       Lane lane{ch, {}};
-      auto c = [&](int j) { return ch * h.P + j; };
       auto& st = lane.steps;
+      // Channel ch's data is the run of chunks ch * P .. ch * P + P - 1; part j of it is chunk ch * P + j. Each
+      // round moves one run each way.
+      const int base = ch * h.P;
       const int i = h.idx(r);
       if (n == 1) {
-        st.push_back(copy(in(c(0)), out(c(0)), true));
+        st.push_back(copy(in(base, h.P), out(base, h.P), true));
       } else if (i < 0) {
-        for (int j = 0; j < h.P; ++j) st.push_back(send(r + 1, in(c(j))));
-        for (int j = 0; j < h.P; ++j) st.push_back(recv(r + 1, out(c(j))));
+        st.push_back(send(r + 1, in(base, h.P)));
+        append_phase(st, {recv(r + 1, out(base, h.P))});  // it comes back after the partner took the whole input
       } else {
-        std::vector<bool> in_out(h.P, false);  // chunk j's partial sum is in the output
         const int e = h.extra_of(i);
+        // Where the partial sums of the current range are: the input until the first reduction writes the output.
+        bool reduced = false;
         if (e >= 0) {
-          for (int j = 0; j < h.P; ++j) st.push_back(recv_reduce(e, in(c(j)), out(c(j)), false));
-          in_out.assign(h.P, true);
+          st.push_back(recv_reduce(e, in(base, h.P), out(base, h.P), false));
+          reduced = true;
         }
-        auto cur = [&](int j) { return in_out[j] ? out(c(j)) : in(c(j)); };
+        auto cur = [&](int j, int k) { return reduced ? out(base + j, k) : in(base + j, k); };
         int lo = 0, hi = h.P;
         for (int mask = h.P / 2; mask >= 1; mask /= 2) {
-          const int partner = h.rank_of(i ^ mask), mid = (lo + hi) / 2;
+          const int partner = h.rank_of(i ^ mask), mid = (lo + hi) / 2, half = (hi - lo) / 2;
           const bool lower = (i & mask) == 0;
-          const int keep_lo = lower ? lo : mid, send_lo = lower ? mid : lo, half = (hi - lo) / 2;
-          std::vector<Step> sends, recvs;
-          for (int k = 0; k < half; ++k) {
-            sends.push_back(send(partner, cur(send_lo + k)));
-            recvs.push_back(recv_reduce(partner, cur(keep_lo + k), out(c(keep_lo + k)), mask == 1));
-          }
-          interleave(st, sends, recvs);
-          for (int k = 0; k < half; ++k) in_out[keep_lo + k] = true;
+          const int keep_lo = lower ? lo : mid, send_lo = lower ? mid : lo;
+          round_phase(st, {send(partner, cur(send_lo, half))},
+                      {recv_reduce(partner, cur(keep_lo, half), out(base + keep_lo, half), mask == 1)});
+          reduced = true;
           lo = keep_lo;
           hi = keep_lo + half;
         }
         for (int mask = 1; mask < h.P; mask *= 2) {
           const int partner = h.rank_of(i ^ mask), size = hi - lo;
           const int other_lo = (i & mask) == 0 ? hi : lo - size;
-          std::vector<Step> sends, recvs;
-          for (int k = 0; k < size; ++k) {
-            sends.push_back(send(partner, out(c(lo + k))));
-            recvs.push_back(recv(partner, out(c(other_lo + k))));
-          }
-          interleave(st, sends, recvs);
+          round_phase(st, {send(partner, out(base + lo, size))}, {recv(partner, out(base + other_lo, size))});
           lo = std::min(lo, other_lo);
           hi = lo + 2 * size;
         }
-        if (e >= 0)
-          for (int j = 0; j < h.P; ++j) st.push_back(send(e, out(c(j))));
+        if (e >= 0) append_phase(st, {send(e, out(base, h.P))});
       }
       rp.lanes.push_back(std::move(lane));
     }
@@ -262,36 +280,43 @@ Program rhd_reduce_scatter(const ProgramParams& p) {
       if (n == 1) {
         st.push_back(copy(ib(0), out(ch), true));
       } else if (i < 0) {
-        for (int b = 0; b < n; ++b) st.push_back(send(r + 1, ib(b)));
-        st.push_back(recv(r + 1, out(ch)));
+        st = block_runs(0, n, nch, ch, [&](int c, int k) { return send(r + 1, in(c, k)); });
+        append_phase(st, {recv(r + 1, out(ch))});
       } else {
-        std::vector<bool> in_scr(n, false);
+        // Partial sums of the blocks still to reduce: the input until the first reduction writes the scratch.
+        bool in_scr = false;
         const int e = h.extra_of(i);
         if (e >= 0) {
-          for (int b = 0; b < n; ++b) st.push_back(recv_reduce(e, ib(b), sb(b), false));
-          in_scr.assign(n, true);
+          st = block_runs(0, n, nch, ch, [&](int c, int k) { return recv_reduce(e, in(c, k), scr(c, k), false); });
+          in_scr = true;
         }
-        auto cur = [&](int b) { return in_scr[b] ? sb(b) : ib(b); };
+        auto cur = [&](int c, int k) { return in_scr ? scr(c, k) : in(c, k); };
         int lo = 0, hi = h.P;
         for (int mask = h.P / 2; mask >= 1; mask /= 2) {
           const int partner = h.rank_of(i ^ mask), mid = (lo + hi) / 2;
           const bool lower = (i & mask) == 0;
-          const std::vector<int> keep = lower ? h.blocks(lo, mid) : h.blocks(mid, hi);
-          const std::vector<int> give = lower ? h.blocks(mid, hi) : h.blocks(lo, mid);
-          std::vector<Step> sends, recvs;
-          for (int b : give) sends.push_back(send(partner, cur(b)));
-          for (int b : keep) {
-            const bool fin = mask == 1;
-            recvs.push_back(recv_reduce(partner, cur(b), fin && b == r ? out(ch) : sb(b), fin));
+          const int keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
+          const int give_lo = lower ? mid : lo, give_hi = lower ? hi : mid;
+          // The last round finishes the blocks one by one (below): its messages carry one block each.
+          const std::vector<Step> sends = block_runs(
+              h.first_block(give_lo), h.first_block(give_hi), nch, ch,
+              [&](int c, int k) { return send(partner, cur(c, k)); }, mask == 1);
+          std::vector<Step> recvs;
+          if (mask > 1) {
+            recvs = block_runs(h.first_block(keep_lo), h.first_block(keep_hi), nch, ch,
+                               [&](int c, int k) { return recv_reduce(partner, cur(c, k), scr(c, k), false); });
+          } else {
+            // The last round finishes this participant's blocks: its own into the output, its folded rank's into
+            // the scratch (sent on below).
+            for (int b = h.first_block(keep_lo); b < h.first_block(keep_hi); ++b)
+              recvs.push_back(recv_reduce(partner, in_scr ? sb(b) : ib(b), b == r ? out(ch) : sb(b), true));
           }
-          interleave(st, sends, recvs);
-          for (int b : keep) in_scr[b] = true;
-          if (lower)
-            hi = mid;
-          else
-            lo = mid;
+          round_phase(st, sends, recvs);
+          in_scr = true;
+          lo = keep_lo;
+          hi = keep_hi;
         }
-        if (e >= 0) st.push_back(send(e, sb(e)));
+        if (e >= 0) append_phase(st, {send(e, sb(e))});
       }
       rp.lanes.push_back(std::move(lane));
     }
@@ -312,11 +337,17 @@ Program rhd_allgather(const ProgramParams& p) {
       Lane lane{ch, {}};
       auto& st = lane.steps;
       auto ob = [&](int b) { return out(b * nch + ch); };
+      // Every block but `skip`, in two runs around it.
+      auto all_but = [&](int skip, auto make) {
+        std::vector<Step> v = block_runs(0, skip, nch, ch, make);
+        for (const Step& s : block_runs(skip + 1, n, nch, ch, make)) v.push_back(s);
+        return v;
+      };
       if (i < 0) {
         st.push_back(send(r + 1, in(ch)));
         st.push_back(copy(in(ch), ob(r), false));
-        for (int b = 0; b < n; ++b)
-          if (b != r) st.push_back(recv(r + 1, ob(b)));
+        // The rest comes back only after the partner took the whole input: a phase of its own.
+        append_phase(st, all_but(r, [&](int c, int k) { return recv(r + 1, out(c, k)); }));
       } else {
         st.push_back(copy(in(ch), ob(r), false));
         const int e = h.extra_of(i);
@@ -325,16 +356,15 @@ Program rhd_allgather(const ProgramParams& p) {
         for (int mask = 1; mask < h.P; mask *= 2) {
           const int partner = h.rank_of(i ^ mask), size = hi - lo;
           const int other_lo = (i & mask) == 0 ? hi : lo - size;
-          std::vector<Step> sends, recvs;
-          for (int b : h.blocks(lo, hi)) sends.push_back(send(partner, ob(b)));
-          for (int b : h.blocks(other_lo, other_lo + size)) recvs.push_back(recv(partner, ob(b)));
-          interleave(st, sends, recvs);
+          round_phase(st,
+                      block_runs(h.first_block(lo), h.first_block(hi), nch, ch,
+                                 [&](int c, int k) { return send(partner, out(c, k)); }),
+                      block_runs(h.first_block(other_lo), h.first_block(other_lo + size), nch, ch,
+                                 [&](int c, int k) { return recv(partner, out(c, k)); }));
           lo = std::min(lo, other_lo);
           hi = lo + 2 * size;
         }
-        if (e >= 0)
-          for (int b = 0; b < n; ++b)
-            if (b != e) st.push_back(send(e, ob(b)));
+        if (e >= 0) append_phase(st, all_but(e, [&](int c, int k) { return send(e, out(c, k)); }));
       }
       rp.lanes.push_back(std::move(lane));
     }

@@ -43,6 +43,14 @@ const char* buf_name(BufKind b) {
   }
   return "?";
 }
+// "in[3]", or "in[4..7]" for a run of chunks.
+std::string chunk_name(const ChunkRef& c) {
+  std::ostringstream os;
+  os << buf_name(c.buf) << "[" << c.chunk;
+  if (c.count != 1) os << ".." << c.chunk + c.count - 1;
+  os << "]";
+  return os.str();
+}
 }  // namespace
 
 std::string to_string(const RankProgram& p) {
@@ -50,11 +58,12 @@ std::string to_string(const RankProgram& p) {
   for (size_t l = 0; l < p.lanes.size(); ++l) {
     os << "lane " << l << " (channel " << p.lanes[l].channel << "):\n";
     for (const Step& s : p.lanes[l].steps) {
+      if (s.fence) os << "  -- fence\n";
       os << "  " << opcode_name(s.op);
       if (op_receives(s.op)) os << " from " << s.recv_peer;
       if (op_sends(s.op)) os << " to " << s.send_peer;
-      if (op_reads_src(s.op)) os << " src=" << buf_name(s.src.buf) << "[" << s.src.chunk << "]";
-      if (op_writes_dst(s.op)) os << " dst=" << buf_name(s.dst.buf) << "[" << s.dst.chunk << "]";
+      if (op_reads_src(s.op)) os << " src=" << chunk_name(s.src);
+      if (op_writes_dst(s.op)) os << " dst=" << chunk_name(s.dst);
       if (s.final) os << " final";
       os << "\n";
     }

@@ -2,8 +2,9 @@
 //
 // A program gives, for one rank, a few lanes of steps. A lane is an ordered list of steps bound to one channel;
 // lanes run concurrently. Steps name chunks, never bytes: a buffer (input, output, scratch) is `nblocks` blocks,
-// each cut into `parts` chunks, and chunk index = block * parts + part. The executor maps chunks to bytes for the
-// actual call (Layout) and cuts every chunk into slices for pipelining.
+// each cut into `parts` chunks, and chunk index = block * parts + part; a step names a run of consecutive chunks
+// (ChunkRef). The executor maps chunks to bytes for the actual call (Layout) and cuts every run into slices for
+// pipelining.
 //
 // Matching rule: between two ranks on one channel, the k-th message sent matches the k-th message received.
 // Programs are pure data: they are generated, verified (verifier.h) and cached without any network.
@@ -33,9 +34,17 @@ const char* coll_name(Coll c);
 
 enum class BufKind : uint8_t { Input, Output, Scratch };
 
+// A run of `count` consecutive chunks of one buffer, from `chunk` (DESIGN.md: "buffer, chunk index, number of
+// chunks"). Chunk order is memory order (chunk = block * parts + part, blocks are consecutive), so a run is one
+// contiguous range and a step on it moves one message (cut into slices like any chunk): a round of halving/doubling
+// that hands a partner half of the buffer costs one message, not one per chunk. Rules the verifier enforces: count
+// >= 1; a step's src and dst runs have the same count; a receiving step's run has the count of the message; a
+// coded step (StepCode bits) names one chunk; all-to-all(v) runs stay inside one block (all-to-allv blocks lie
+// anywhere).
 struct ChunkRef {
   BufKind buf = BufKind::Input;
   int32_t chunk = 0;
+  int32_t count = 1;
   bool operator==(const ChunkRef&) const = default;
 };
 
@@ -96,6 +105,11 @@ struct Step {
   // The value produced is complete: the avg division is applied to it (once, where the reduction finishes).
   bool final = false;
   uint8_t code = 0;  // StepCode bits; 0 for every uncompressed program
+  // Starts a phase. A lane runs its steps slice-major within a phase (slice 0 of each step, then slice 1, ...)
+  // and finishes every slice of a phase before the next begins. Slice s of a step is the s-th slice of its run,
+  // so within a phase a step may read what an earlier step wrote only through a run that starts at the same
+  // chunk (the verifier checks this); a step that needs whole runs of earlier steps starts a phase.
+  bool fence = false;
 };
 
 struct Lane {

@@ -78,6 +78,7 @@ struct alignas(64) LaneState {
   int32_t send_peer[kPeerCache] = {-1, -1, -1};
   uint32_t send_fifo[kPeerCache] = {};
   uint16_t lane = 0;
+  uint32_t phase = 0;  // first step of the current phase (Step::fence); read only at the end of a pass
 };
 
 static_assert(sizeof(LaneState) == 128 && sizeof(Fifo) == 64 && sizeof(RankState) == 64);
@@ -454,10 +455,15 @@ class Sim {
 
   size_t chunk_elems(const LaneState& ls, const ChunkRef& ref, uint32_t step, const char* what) const {
     const BufTable& bt = ranks_[static_cast<size_t>(ls.rank)].buf[static_cast<int>(ref.buf)];
-    if (ref.chunk < 0 || ref.chunk >= bt.nchunks)
+    if (ref.count < 1 || ref.chunk < 0 || ref.chunk > bt.nchunks - ref.count)
       internal(cat("rank ", ls.rank, " lane ", ls.lane, " step ", step, ": ", what, " chunk ", ref.chunk,
-                   " out of range (", bt.nchunks, " chunks)"));
-    return bt.part_elems[static_cast<uint32_t>(ref.chunk) % static_cast<uint32_t>(bt.parts)];
+                   ref.count == 1 ? std::string() : cat(" (a run of ", ref.count, ")"), " out of range (", bt.nchunks,
+                   " chunks)"));
+    const auto parts = static_cast<uint32_t>(bt.parts);
+    size_t e = 0;  // a run: the sum of its chunks (consecutive parts, wrapping into the next block)
+    for (uint32_t c = static_cast<uint32_t>(ref.chunk), end = c + static_cast<uint32_t>(ref.count); c < end; ++c)
+      e += bt.part_elems[c % parts];
+    return e;
   }
 
   // Elements a step moves, as the executor counts them: its destination's, else its source's.
@@ -531,14 +537,21 @@ class Sim {
     return true;
   }
 
-  // Moves to the lane's next step-slice in slice-major order; false when the lane is done.
+  // Moves to the lane's next step-slice in slice-major order within its phase; false when the lane is done.
   bool advance(LaneState& ls) {
     for (;;) {
-      if (++ls.step == ls.nsteps) {
-        ls.step = 0;
-        ++ls.slice;
-        if (!ls.more) return false;
-        ls.more = false;
+      if (++ls.step == ls.nsteps || ls.steps[ls.step].fence) {
+        // End of a pass over the phase: its next slice, else the next phase.
+        if (ls.more) {
+          ls.step = ls.phase;
+          ++ls.slice;
+          ls.more = false;
+        } else if (ls.step == ls.nsteps) {
+          return false;
+        } else {
+          ls.phase = ls.step;
+          ls.slice = 0;
+        }
       }
       if (load(ls)) return true;
     }

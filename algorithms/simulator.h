@@ -2,8 +2,9 @@
 // of a program takes on a topology, at any scale, without a network.
 //
 // Model (Hockney's alpha-beta model per message, plus FIFO servers for the resources ranks share):
-//  - The walk is the executor's: each rank's lanes run concurrently; within a lane, steps run slice-major (slice 0
-//    of every step, then slice 1, ...; a step with fewer slices is skipped for the higher slice indices). Chunks
+//  - The walk is the executor's: each rank's lanes run concurrently; within a lane, steps run slice-major within a
+//    phase (slice 0 of every step of the phase, then slice 1, ...; a step with fewer slices is skipped for the
+//    higher slice indices), and phases (Step::fence) one after another. Chunks
 //    map to elements through the same block shapes as the communicator (call_blocks) and chorus::Layout.
 //  - A step-slice starts when the previous step-slice of its lane has finished, its incoming message (the k-th on
 //    its (sender, receiver, channel) FIFO) has arrived, and its outgoing FIFO has a free slot: at most

@@ -26,11 +26,15 @@ struct Value {
   int64_t version = 0;
   // Fewest and most times any contribution in the value went through the codec.
   int quant_min = 0, quant_max = 0;
+  // Of the cell holding the value: the lane and phase of the step that wrote it, and the cell its run starts at
+  // (-1: never written by a step).
+  int32_t writer_lane = -1, writer_phase = -1, writer_run = -1;
 };
 
+// One message: the values of the run of chunks it carries, in order, and the size class (part) of each.
 struct Message {
-  Value value;
-  int32_t part = 0;  // size class of the chunk it was made from
+  std::vector<Value> values;
+  std::vector<int32_t> parts;
   bool coded = false;
 };
 
@@ -54,6 +58,9 @@ class Run {
     if (static_cast<int>(prog_.ranks.size()) != prog_.nranks) return fail(res, "program has wrong number of ranks");
     init_cells();
     if (!error_.empty()) return fail(res, error_);
+    last_read_.assign(cells_.size(), Access{});
+    phase_.assign(static_cast<size_t>(prog_.nranks), {});
+    for (int r = 0; r < prog_.nranks; ++r) phase_[static_cast<size_t>(r)].assign(prog_.ranks[r].lanes.size(), 0);
     std::vector<std::vector<size_t>> pc(prog_.nranks);
     for (int r = 0; r < prog_.nranks; ++r) pc[r].assign(prog_.ranks[r].lanes.size(), 0);
     for (;;) {
@@ -166,11 +173,12 @@ class Run {
     return (*v)[ref.chunk];
   }
 
-  int part_of(int r, const ChunkRef& ref) const {
+  const BufShape& shape_of(int r, const ChunkRef& ref) const {
     const RankProgram& rp = prog_.ranks[r];
-    const BufShape& s = ref.buf == BufKind::Input ? rp.input : ref.buf == BufKind::Output ? rp.output : rp.scratch;
-    return ref.chunk % s.parts;
+    return ref.buf == BufKind::Input ? rp.input : ref.buf == BufKind::Output ? rp.output : rp.scratch;
   }
+
+  int part_of(int r, const ChunkRef& ref) const { return ref.chunk % shape_of(r, ref).parts; }
 
   std::string where(int r, int lane, size_t step) const {
     const Step& s = prog_.ranks[r].lanes[lane].steps[step];
@@ -218,8 +226,31 @@ class Run {
     if (cell < 0) return false;
     v.pristine = false;
     v.defined = true;
+    const Access& rd = last_read_[static_cast<size_t>(cell)];
+    if (rd.lane == lane && rd.phase == cur_phase_ && rd.run != cur_dst_run_) {
+      error_ = where(r, lane, step) +
+               ": overwrites a chunk read earlier in the phase through a run that starts "
+               "elsewhere (slices would not line up: start a phase with a fence)";
+      return false;
+    }
+    v.writer_lane = lane;
+    v.writer_phase = cur_phase_;
+    v.writer_run = cur_dst_run_;
     cells_[cell] = std::move(v);
     return true;
+  }
+
+  // Slice s of a step covers the s-th slice of its run, so a step reading a cell written earlier in the same phase
+  // of its lane must read it through a run that starts where the writer's did: else its slice s would need data of
+  // another slice of the writer, which runs later.
+  bool check_aligned(int r, int lane, size_t step, int cell, int32_t run, const char* what) {
+    last_read_[static_cast<size_t>(cell)] = {lane, cur_phase_, run};
+    const Value& v = cells_[static_cast<size_t>(cell)];
+    if (v.writer_lane != lane || v.writer_phase != cur_phase_ || v.writer_run == run) return true;
+    error_ = where(r, lane, step) + cat_str(": reads its ", what,
+                                            " through a run that starts elsewhere than the run that wrote it earlier "
+                                            "in the phase (slices would not line up: start a phase with a fence)");
+    return false;
   }
 
   using FifoKey = std::tuple<int, int, int>;  // sender, receiver, channel
@@ -246,6 +277,14 @@ class Run {
       outq = &fifos_[{r, s.send_peer, ln.channel}];
       if (static_cast<int>(outq->size()) >= opt_.fifo_capacity) return false;
     }
+    const int32_t count = run_count(r, lane, step, s);
+    if (count < 1) return true;
+    int32_t& phase = phase_[static_cast<size_t>(r)][static_cast<size_t>(lane)];
+    if (s.fence && step > 0) ++phase;
+    cur_phase_ = phase;
+    cur_src_run_ = op_reads_src(s.op) ? cell_of(r, {s.src.buf, s.src.chunk, 1}, "src", lane, step) : -1;
+    cur_dst_run_ = op_writes_dst(s.op) ? cell_of(r, {s.dst.buf, s.dst.chunk, 1}, "dst", lane, step) : -1;
+    if (!error_.empty()) return true;
     std::optional<Message> msg;
     if (inq) {
       msg = std::move(inq->front());
@@ -256,12 +295,65 @@ class Run {
                                                 " one");
         return true;
       }
+      if (static_cast<int32_t>(msg->values.size()) != count) {
+        error_ = where(r, lane, step) + cat_str(": rank ", s.recv_peer, " sent a message of ", msg->values.size(),
+                                                " chunk(s) where this step takes ", count);
+        return true;
+      }
     }
     if (!check_code(r, lane, step, s)) return true;
+    Message sent;
+    sent.coded = (s.code & kCodedOut) != 0;
+    // A run is its chunks one after another, each as a one-chunk step would treat it; the message carries them all.
+    for (int32_t i = 0; i < count; ++i) {
+      Step one = s;
+      one.src.chunk += i;
+      one.dst.chunk += i;
+      one.src.count = one.dst.count = 1;
+      const Value* in_value = msg ? &msg->values[static_cast<size_t>(i)] : nullptr;
+      const int32_t in_part = msg ? msg->parts[static_cast<size_t>(i)] : 0;
+      if (!chunk_step(r, lane, step, one, in_value, in_part, outq ? &sent : nullptr)) return true;
+    }
+    if (outq) {
+      outq->push_back(std::move(sent));
+      ++res.messages;
+    }
+    return true;
+  }
+
+  // The chunks a step's run covers (its dst's, else its src's), after checking the run: 0 (and error_ set) when
+  // it breaks a rule of ChunkRef.
+  int32_t run_count(int r, int lane, size_t step, const Step& s) {
+    const bool reads = op_reads_src(s.op), writes = op_writes_dst(s.op);
+    const int32_t count = writes ? s.dst.count : reads ? s.src.count : 1;
+    const char* why = nullptr;
+    if ((reads && s.src.count < 1) || (writes && s.dst.count < 1))
+      why = ": names a run of no chunks";
+    else if (reads && writes && s.src.count != s.dst.count)
+      why = ": its src and dst runs differ in length";
+    else if (s.code != 0 && count != 1)
+      why = ": a coded step names a run of several chunks (the codec keys one chunk)";
+    else if ((prog_.coll == Coll::AllToAll || prog_.coll == Coll::AllToAllv) &&
+             ((reads && crosses_block(r, s.src)) || (writes && crosses_block(r, s.dst))))
+      why = ": an all-to-all run crosses a block boundary (all-to-allv blocks lie anywhere)";
+    if (why == nullptr) return count;
+    error_ = where(r, lane, step) + why;
+    return 0;
+  }
+
+  bool crosses_block(int r, const ChunkRef& ref) const {
+    const int parts = shape_of(r, ref).parts;
+    return parts > 0 && ref.chunk / parts != (ref.chunk + ref.count - 1) / parts;
+  }
+
+  // One chunk of a step (`s` names one chunk): `in_value` and `in_part` are what the message brought for it
+  // (receiving steps), and what it sends is appended to `sent`. False when it found an error (error_ set).
+  bool chunk_step(int r, int lane, size_t step, const Step& s, const Value* in_value, int32_t in_part, Message* sent) {
     std::optional<Value> src;
     if (op_reads_src(s.op)) {
       src = read_src(r, lane, step, s);
-      if (!src) return true;
+      if (!src || !check_aligned(r, lane, step, cell_of(r, s.src, "src", lane, step), cur_src_run_, "src"))
+        return false;
     }
     Value result;
     int32_t part = 0;
@@ -273,28 +365,29 @@ class Run {
         break;
       case OpCode::Recv:
       case OpCode::RecvCopySend:
-        result = msg->value;
-        part = msg->part;
+        result = *in_value;
+        part = in_part;
         break;
       case OpCode::Reduce: {
         if (!is_reduction(prog_.coll)) {
           error_ = where(r, lane, step) + ": reduces in a collective without a reduction";
-          return true;
+          return false;
         }
         int cell = cell_of(r, s.dst, "dst", lane, step);
-        if (cell < 0) return true;
+        if (cell < 0) return false;
         const Value& acc = cells_[cell];
+        if (!check_aligned(r, lane, step, cell, cur_dst_run_, "dst")) return false;
         if (!acc.defined || acc.pristine) {
           error_ = where(r, lane, step) + ": reduces into a chunk that holds no partial result";
-          return true;
+          return false;
         }
         if (acc.finals > 0 || src->finals > 0) {
           error_ = where(r, lane, step) + ": reduces a value that was already finished";
-          return true;
+          return false;
         }
         if (part_of(r, s.dst) != part_of(r, s.src)) {
           error_ = where(r, lane, step) + ": reduces chunks of different parts (sizes may differ)";
-          return true;
+          return false;
         }
         result = *src;
         result.contribs = merge(acc.contribs, src->contribs);
@@ -308,36 +401,34 @@ class Run {
       case OpCode::RecvReduceCopySend:
         if (!is_reduction(prog_.coll)) {
           error_ = where(r, lane, step) + ": reduces in a collective without a reduction";
-          return true;
+          return false;
         }
-        if (msg->part != part_of(r, s.src)) {
-          error_ = where(r, lane, step) + cat_str(": message of part ", msg->part, " reduced with part ",
+        if (in_part != part_of(r, s.src)) {
+          error_ = where(r, lane, step) + cat_str(": message of part ", in_part, " reduced with part ",
                                                   part_of(r, s.src), " (sizes may differ)");
-          return true;
+          return false;
         }
-        if (msg->value.finals > 0 || src->finals > 0) {
+        if (in_value->finals > 0 || src->finals > 0) {
           error_ = where(r, lane, step) + ": reduces a value that was already finished";
-          return true;
+          return false;
         }
         result = *src;
-        result.contribs = merge(msg->value.contribs, src->contribs);
-        merge_quant(result, msg->value);
+        result.contribs = merge(in_value->contribs, src->contribs);
+        merge_quant(result, *in_value);
         result.version = ++versions_;
-        part = msg->part;
+        part = in_part;
         break;
     }
     if (s.final) {
       if (!is_reduction(prog_.coll)) {
         // Harmless without a reducer, but a program bug all the same.
         error_ = where(r, lane, step) + ": marks a value final in a collective without a reduction";
-        return true;
+        return false;
       }
       result.finals += 1;
       result.version = ++versions_;  // the division changes the bits
     }
-    bool coded_out = false;
     if (s.code & kCodedOut) {
-      coded_out = true;
       if (s.code & kErrorFeedback) {
         // The residual is added before encoding: new bits, written back to a non-input src.
         result.version = ++versions_;
@@ -354,13 +445,13 @@ class Run {
       if (part_of(r, s.dst) != part) {
         error_ = where(r, lane, step) +
                  cat_str(": writes part ", part, " data into a part ", part_of(r, s.dst), " chunk (sizes may differ)");
-        return true;
+        return false;
       }
-      if (!write_dst(r, lane, step, s, result)) return true;
+      if (!write_dst(r, lane, step, s, result)) return false;
     }
-    if (outq) {
-      outq->push_back(Message{result, part, coded_out});
-      ++res.messages;
+    if (sent) {
+      sent->values.push_back(std::move(result));
+      sent->parts.push_back(part);
     }
     return true;
   }
@@ -488,6 +579,13 @@ class Run {
   std::map<FifoKey, std::deque<Message>> fifos_;
   std::string error_;
   int64_t versions_ = 0;
+  std::vector<std::vector<int32_t>> phase_;  // per rank and lane: fences passed
+  struct Access {
+    int32_t lane = -1, phase = -1, run = -1;
+  };
+  std::vector<Access> last_read_;  // per cell: the last read (lane, phase, cell its run starts at)
+  // Of the step being run: its lane's phase and the cells its src and dst runs start at (-1: none).
+  int32_t cur_phase_ = 0, cur_src_run_ = -1, cur_dst_run_ = -1;
 };
 
 }  // namespace

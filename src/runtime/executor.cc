@@ -40,21 +40,24 @@ void Layout::set_blocks(BufKind kind, std::vector<std::byte*> ptrs, std::vector<
 
 Span Layout::chunk(const algo::ChunkRef& ref) const {
   const Buffer& b = bufs_[static_cast<int>(ref.buf)];
-  const size_t block = static_cast<size_t>(ref.chunk / b.parts), part = static_cast<size_t>(ref.chunk % b.parts);
-  CHORUS_ASSERT(block < static_cast<size_t>(b.nblocks));
-  std::byte* ptr;
-  size_t e;
-  if (b.block_ptr.empty()) {
-    e = b.block_elems;
-    ptr = b.base ? b.base + block * e * elem_size : nullptr;
-  } else {
-    e = b.block_elem[block];
-    ptr = b.block_ptr[block];
+  CHORUS_ASSERT(ref.chunk >= 0 && ref.count >= 1);
+  const auto parts = static_cast<size_t>(b.parts);
+  const size_t first = static_cast<size_t>(ref.chunk), last = first + static_cast<size_t>(ref.count) - 1;
+  const size_t block = first / parts, last_block = last / parts;
+  CHORUS_ASSERT(last_block < static_cast<size_t>(b.nblocks));
+  // Part p of a block of e elements is [e * p / parts, e * (p + 1) / parts).
+  auto bound = [parts](size_t e, size_t p) {
+    return static_cast<size_t>(static_cast<unsigned __int128>(e) * p / parts);
+  };
+  if (!b.block_ptr.empty()) {
+    CHORUS_ASSERT(block == last_block);  // explicit blocks lie anywhere: a run stays in one (the verifier checks)
+    const size_t e = b.block_elem[block];
+    const size_t begin = bound(e, first % parts), end = bound(e, last % parts + 1);
+    return {b.block_ptr[block] ? b.block_ptr[block] + begin * elem_size : nullptr, end - begin};
   }
-  if (b.parts == 1) return {ptr, e};
-  const auto begin = static_cast<size_t>(static_cast<unsigned __int128>(e) * part / b.parts);
-  const auto end = static_cast<size_t>(static_cast<unsigned __int128>(e) * (part + 1) / b.parts);
-  return {ptr ? ptr + begin * elem_size : nullptr, end - begin};
+  const size_t e = b.block_elems;
+  const size_t begin = block * e + bound(e, first % parts), end = last_block * e + bound(e, last % parts + 1);
+  return {b.base ? b.base + begin * elem_size : nullptr, end - begin};
 }
 
 std::string describe_call(int rank, const WireHeader& h) {
@@ -99,9 +102,10 @@ inline void cpu_relax() {
 }
 
 struct LaneState {
+  size_t phase = 0;  // first step of the current phase (Step::fence)
   size_t step = 0;
   size_t slice = 0;
-  size_t max_slices = 1;
+  bool more = false;  // a step of this pass over the phase has slices after `slice`
   bool done = false;
 };
 
@@ -110,13 +114,7 @@ class Run {
   explicit Run(const ExecPlan& p) : p_(p), prog_(*p.program) {
     const size_t nl = prog_.lanes.size();
     lanes_.resize(nl);
-    for (size_t l = 0; l < nl; ++l) {
-      const auto& steps = prog_.lanes[l].steps;
-      size_t mx = 1;
-      for (const Step& s : steps) mx = std::max(mx, nslices(s));
-      lanes_[l].max_slices = mx;
-      lanes_[l].done = steps.empty();
-    }
+    for (size_t l = 0; l < nl; ++l) lanes_[l].done = prog_.lanes[l].steps.empty();
   }
 
   void run() {
@@ -262,13 +260,23 @@ class Run {
     const auto& steps = prog_.lanes[l].steps;
     bool moved = false;
     while (!ls.done) {
-      if (ls.slice == 0 || ls.slice < nslices(steps[ls.step])) {
+      const size_t ns = nslices(steps[ls.step]);
+      if (ls.slice < ns) {
         if (!try_step(steps[ls.step], (*p_.conns)[l][ls.step], ls.slice)) return moved;
         moved = true;
+        ls.more |= ls.slice + 1 < ns;
       }
-      if (++ls.step == steps.size()) {
-        ls.step = 0;
-        if (++ls.slice == ls.max_slices) ls.done = true;
+      if (++ls.step < steps.size() && !steps[ls.step].fence) continue;
+      // End of a pass over the phase: the next slice of it, else the next phase.
+      if (ls.more) {
+        ls.step = ls.phase;
+        ++ls.slice;
+        ls.more = false;
+      } else if (ls.step == steps.size()) {
+        ls.done = true;
+      } else {
+        ls.phase = ls.step;
+        ls.slice = 0;
       }
     }
     return moved;

@@ -1,8 +1,9 @@
 // The host executor: runs one rank's program for one call (DESIGN.md, "One collective, end to end", step 5).
 //
-// Chunks are mapped to bytes by a Layout. Every chunk is cut into slices of at most `slice_elems` elements; a lane
-// runs slice-major (slice 0 through all its steps, then slice 1, ...), so step i of slice s waits only for slice s
-// of its inputs while neighbours already work on slice s+1: that is the pipelining. Lanes progress concurrently
+// Chunks are mapped to bytes by a Layout. Every run of chunks a step names is cut into slices of at most
+// `slice_elems` elements; a lane runs slice-major within each phase (slice 0 through all the phase's steps, then
+// slice 1, ...; Step::fence starts a phase), so step i of slice s waits only for slice s of its inputs while
+// neighbours already work on slice s+1: that is the pipelining. Lanes progress concurrently
 // in one thread; a step runs when its message has arrived and its outgoing slot is free, and the reduction is
 // fused with the copy into the outgoing slot (zero-copy receive, one pass over the data per hop).
 //

@@ -323,6 +323,19 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   EXPECT_NE(launched.out.find("cannot write it: Is a directory"), std::string::npos) << launched.out;
   EXPECT_EQ(launched.out.find("exited with code 1"), std::string::npos) << launched.out;
 }
+
+// Halving/doubling moves runs of chunks, one round per phase: with 4 KiB slices every run of the larger sizes is
+// many slices, with 5 ranks one rank folds into its partner, with two channels reduce-scatter and all-gather send
+// one block per message. The tools check every element on every rank, in place and out of place (exit 0: right).
+TEST(PerfTools, HalvingDoublingIsRightWithManySlicesAFoldedRankAndTwoChannels) {
+  for (const char* tool : {ALL_REDUCE_PERF, REDUCE_SCATTER_PERF, ALL_GATHER_PERF})
+    for (int nch : {1, 2}) {
+      Result r = run("CHORUS_TRANSPORTS=shm CHORUS_SLICE_BYTES=4K CHORUS_NCHANNELS=" + std::to_string(nch) + " " +
+                     CHORUSRUN + " -n 5 --timeout 120 " + tool + " -A rhd -b 4 -e 1M -f 7 -n 1 -w 0");
+      EXPECT_EQ(r.code, 0) << tool << " nchannels=" << nch << ":\n" << r.out;
+      EXPECT_EQ(count_of(r.out, "Out of bounds values : 0 OK"), 1) << r.out;
+    }
+}
 #endif
 
 }  // namespace

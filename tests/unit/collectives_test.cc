@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "algorithms/algorithms.h"
+#include "runtime/executor.h"
 #include "tests/common/data.h"
 #include "tests/common/world.h"
 
@@ -223,6 +224,30 @@ void run_case(World& w, const Case& c, const Prepared& pr) {
     ASSERT_EQ(bad, -1) << c.str() << " rank " << r << ": element " << bad << " is " << load(c.t, got, bad)
                        << ", expected " << load(c.t, p.want[r].data(), bad);
   });
+}
+
+// A run of chunks is one contiguous range: across the blocks of a uniform buffer, inside one block of explicit ones.
+TEST(Layout, ARunOfChunksIsOneContiguousRange) {
+  std::vector<float> buf(3 * 10);
+  Layout l;
+  l.elem_size = sizeof(float);
+  l.set_uniform(algo::BufKind::Input, buf.data(), 3, 10, 4);  // parts of 2, 3, 2, 3 elements
+  auto at = [&](Span s) { return static_cast<size_t>(reinterpret_cast<float*>(s.ptr) - buf.data()); };
+  Span one = l.chunk({algo::BufKind::Input, 5, 1});  // block 1, part 1: elements 12..14
+  EXPECT_EQ(at(one), 12u);
+  EXPECT_EQ(one.elems, 3u);
+  Span run = l.chunk({algo::BufKind::Input, 3, 4});  // block 0 part 3 to block 1 part 2: elements 7..16
+  EXPECT_EQ(at(run), 7u);
+  EXPECT_EQ(run.elems, 10u);
+  Span all = l.chunk({algo::BufKind::Input, 0, 12});
+  EXPECT_EQ(at(all), 0u);
+  EXPECT_EQ(all.elems, 30u);
+  std::vector<float> a(7), b(5);
+  l.set_blocks(algo::BufKind::Output, {reinterpret_cast<std::byte*>(a.data()), reinterpret_cast<std::byte*>(b.data())},
+               {7, 5}, 2);
+  Span in_b = l.chunk({algo::BufKind::Output, 2, 2});  // all of block 1
+  EXPECT_EQ(reinterpret_cast<float*>(in_b.ptr), b.data());
+  EXPECT_EQ(in_b.elems, 5u);
 }
 
 algo::Coll to_coll(CollT c) {

@@ -176,7 +176,7 @@ TEST(Simulator, QueueAndDataflowWalksAgree) {
   // Without shared servers the walk runs without an event queue; a host link limit too large to matter forces
   // the queue (two connections leave each host) and must give the same times.
   const topo::LinkParams local{1e-6, 8e9}, net{4e-6, 3e9};
-  for (const char* name : {"ring", "tree", "hier"}) {
+  for (const char* name : {"ring", "tree", "hier", "rhd"}) {
     const AlgorithmInfo* a = find_algorithm(Coll::AllReduce, name);
     if (a == nullptr) continue;
     topo::Topology free_net = cluster(2, 4, local, net);
@@ -188,6 +188,25 @@ TEST(Simulator, QueueAndDataflowWalksAgree) {
       EXPECT_EQ(queued.messages, dataflow.messages);
     }
   }
+}
+
+// Halving/doubling on one host: log2(N) rounds each way, one message per round whatever its size, so a tiny
+// all-reduce costs 2 log2(N) alphas; with a run of several slices the rounds still follow each other (fences).
+TEST(Simulator, HalvingDoublingRoundsCostOneMessageEach) {
+  const double alpha = 3e-6, bw = 1e9;
+  const topo::Topology one_host = cluster(1, 8, {alpha, bw});
+  const Program p = rhd_allreduce({8, 0, 1});
+  const SimResult tiny = simulate(p, one_host, 8, 4);  // 8 floats: one per chunk
+  EXPECT_EQ(tiny.messages, 8 * 6);
+  EXPECT_NEAR(tiny.seconds, 6 * alpha + (16 + 8 + 4 + 4 + 8 + 16) / bw, 1e-12);
+  // 8 M floats, 256 KiB slices: halving sends half, a quarter, an eighth of 32 MiB, doubling the same back: 224
+  // slices. A lane alternates a round's send and receive slice by slice, so each slice also waits out one alpha.
+  const size_t count = size_t{8} << 20;
+  const SimResult big = simulate(p, one_host, count, 4);
+  const double bytes = 2.0 * 4 * count * (0.5 + 0.25 + 0.125);
+  EXPECT_EQ(big.messages, 8 * 224);
+  EXPECT_GT(big.seconds, bytes / bw);
+  EXPECT_LT(big.seconds, bytes / bw + (224 + 6) * alpha);
 }
 
 TEST(Simulator, DeadlocksAreErrors) {

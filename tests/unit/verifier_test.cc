@@ -93,6 +93,82 @@ TEST(Verifier, ReduceNeverWritesNonRootOutput) {
   EXPECT_NE(res.error.find("non-root"), std::string::npos) << res.error;
 }
 
+// Halving/doubling moves one run of chunks per partner and round: log2(N) messages each way per rank, not N - 1.
+TEST(VerifierRuns, HalvingDoublingSendsOneMessagePerRound) {
+  EXPECT_EQ(verify(rhd_allreduce({8, 0, 1})).messages, 8 * 2 * 3);
+  EXPECT_EQ(verify(rhd_allreduce({64, 0, 1})).messages, 64 * 2 * 6);
+  EXPECT_EQ(verify(rhd_allgather({8, 0, 1})).messages, 8 * 3);
+  EXPECT_EQ(verify(rhd_reduce_scatter({8, 0, 1})).messages, 8 * 3);
+  // 6 ranks: two fold into partners (one run there, one back) and four run two rounds each way.
+  EXPECT_EQ(verify(rhd_allreduce({6, 0, 1})).messages, 2 * 2 + 4 * 4);
+}
+
+TEST(VerifierRuns, AMessageAndTheStepTakingItMustCoverAsManyChunks) {
+  Program prog = rhd_allreduce({4, 0, 1});
+  // Rank 0's first round receives a run of two chunks: make the step take one.
+  Step& s = prog.ranks[0].lanes[0].steps[1];
+  ASSERT_EQ(s.op, OpCode::RecvReduce);
+  ASSERT_EQ(s.dst.count, 2);
+  s.src.count = s.dst.count = 1;
+  VerifyResult res = verify(prog);
+  EXPECT_FALSE(res.ok);
+  EXPECT_NE(res.error.find("sent a message of 2 chunk(s) where this step takes 1"), std::string::npos) << res.error;
+}
+
+TEST(VerifierRuns, BrokenRunsAreErrors) {
+  auto error_of = [](void (*edit)(Program&), Program prog) {
+    edit(prog);
+    VerifyResult res = verify(prog);
+    EXPECT_FALSE(res.ok);
+    return res.error;
+  };
+  EXPECT_NE(error_of([](Program& p) { p.ranks[0].lanes[0].steps[1].src.count = 1; }, rhd_allreduce({4, 0, 1}))
+                .find("src and dst runs differ"),
+            std::string::npos);
+  EXPECT_NE(error_of([](Program& p) { p.ranks[0].lanes[0].steps[0].src.count = 0; }, rhd_allreduce({4, 0, 1}))
+                .find("a run of no chunks"),
+            std::string::npos);
+  EXPECT_NE(error_of([](Program& p) { p.ranks[0].lanes[0].steps[0].src.count = 9; }, rhd_allreduce({4, 0, 1}))
+                .find("out of range"),
+            std::string::npos);
+  // All-to-allv blocks lie anywhere in memory: a run may not leave its block.
+  EXPECT_NE(error_of(
+                [](Program& p) {
+                  for (Step& s : p.ranks[0].lanes[0].steps)
+                    if (s.op == OpCode::Send && s.src.chunk == 1) {
+                      s.src.count = 2;
+                      break;
+                    }
+                },
+                pairwise_alltoall({3, 0, 1}))
+                .find("crosses a block boundary"),
+            std::string::npos);
+  // The codec keys one chunk's slices.
+  EXPECT_NE(error_of(
+                [](Program& p) {
+                  for (Step& s : p.ranks[0].lanes[0].steps)
+                    if (s.code != 0 && s.op == OpCode::Send) {
+                      s.src.count = 2;
+                      break;
+                    }
+                },
+                qonce_flat_allreduce({4, 0, 1}))
+                .find("a coded step names a run"),
+            std::string::npos);
+}
+
+// A step's slice s is the s-th slice of its run: reading, within one phase, what a run starting elsewhere wrote
+// would need another slice of the writer, which has not run yet. The fences keep halving/doubling correct.
+TEST(VerifierRuns, ARoundReadingAnotherRoundsRunNeedsAFence) {
+  Program prog = rhd_allreduce({4, 0, 1});
+  for (RankProgram& rp : prog.ranks)
+    for (Lane& lane : rp.lanes)
+      for (Step& s : lane.steps) s.fence = false;
+  VerifyResult res = verify(prog);
+  EXPECT_FALSE(res.ok);
+  EXPECT_NE(res.error.find("starts elsewhere"), std::string::npos) << res.error;
+}
+
 // Hierarchical programs for every hosts x ranks-per-host shape up to 8 x 8, and uneven hosts.
 std::vector<int> blocks_of(const std::vector<int>& per_host) {
   std::vector<int> hor;
