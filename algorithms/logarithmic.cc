@@ -14,10 +14,11 @@
 //    added for one rank per node): every rank's block travels a binomial tree; all-gather at halving distances
 //    straight into the output, reduce-scatter by the mirrored trees, processed deepest offset first so that a rank
 //    holds at most one partial block (one scratch block per channel, whatever the rank count).
-// Halving/doubling moves one run of chunks per partner and round (one message, cut into slices), each round a phase
-// of its own (Step::fence); reduce-scatter and all-gather with several channels, Bruck and PAT still send one
-// chunk per message, and a round that moves several to one peer alternates sends and receives, so two partners
-// never both wait for FIFO space.
+// Halving/doubling and the Bruck all-gather move one run of chunks per partner and round (one message, cut into
+// slices; Bruck two where its blocks wrap around the end of the buffer), each round a phase of its own
+// (Step::fence). With several channels (a channel's parts of consecutive blocks are not consecutive chunks), the
+// Bruck all-to-all and PAT send one chunk per message, and a round that moves several to one peer alternates sends
+// and receives, so two partners never both wait for FIFO space.
 #include <bit>
 #include <stdexcept>
 
@@ -383,18 +384,20 @@ Program bruck_allgather(const ProgramParams& p) {
     rp.output = {n, nch};
     for (int ch = 0; ch < nch; ++ch) {
       Lane lane{ch, {}};
-      auto ob = [&](int b) { return out(mod(b, n) * nch + ch); };
-      lane.steps.push_back(copy(in(ch), ob(r), false));
+      lane.steps.push_back(copy(in(ch), out(r * nch + ch), false));
+      // Blocks b .. b + cnt - 1 (mod n): a run up to the end of the buffer and one from its start.
+      auto wrapped = [&](int b, int cnt, auto make) {
+        b = mod(b, n);
+        std::vector<Step> v = block_runs(b, std::min(b + cnt, n), nch, ch, make);
+        for (const Step& s : block_runs(0, b + cnt - n, nch, ch, make)) v.push_back(s);
+        return v;
+      };
       // After round k, rank r holds blocks r .. r + 2^(k+1) - 1: it sends what it has to r - D and receives the
-      // next D blocks from r + D.
+      // next D blocks from r + D, each round a phase of its own.
       for (int d = 1; d < n; d *= 2) {
-        const int cnt = std::min(d, n - d);
-        std::vector<Step> sends, recvs;
-        for (int k = 0; k < cnt; ++k) {
-          sends.push_back(send(mod(r - d, n), ob(r + k)));
-          recvs.push_back(recv(mod(r + d, n), ob(r + d + k)));
-        }
-        interleave(lane.steps, sends, recvs);
+        const int cnt = std::min(d, n - d), to = mod(r - d, n), from = mod(r + d, n);
+        round_phase(lane.steps, wrapped(r, cnt, [&](int c, int k) { return send(to, out(c, k)); }),
+                    wrapped(r + d, cnt, [&](int c, int k) { return recv(from, out(c, k)); }));
       }
       rp.lanes.push_back(std::move(lane));
     }

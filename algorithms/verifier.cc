@@ -36,6 +36,7 @@ struct Message {
   std::vector<Value> values;
   std::vector<int32_t> parts;
   bool coded = false;
+  int64_t phase = 0;  // the sender's lane and phase (lane << 32 | phase)
 };
 
 bool is_reduction(Coll c) {
@@ -227,10 +228,16 @@ class Run {
     v.pristine = false;
     v.defined = true;
     const Access& rd = last_read_[static_cast<size_t>(cell)];
-    if (rd.lane == lane && rd.phase == cur_phase_ && rd.run != cur_dst_run_) {
-      error_ = where(r, lane, step) +
-               ": overwrites a chunk read earlier in the phase through a run that starts "
-               "elsewhere (slices would not line up: start a phase with a fence)";
+    const Value& old = cells_[static_cast<size_t>(cell)];
+    const char* what = nullptr;
+    if (rd.lane == lane && rd.phase == cur_phase_ && rd.run != cur_dst_run_)
+      what = "read";
+    else if (old.writer_lane == lane && old.writer_phase == cur_phase_ && old.writer_run != cur_dst_run_)
+      what = "written";
+    if (what != nullptr) {
+      error_ = where(r, lane, step) + cat_str(": overwrites a chunk ", what,
+                                              " earlier in the phase through a run that starts elsewhere (slices "
+                                              "would not line up: start a phase with a fence)");
       return false;
     }
     v.writer_lane = lane;
@@ -244,7 +251,10 @@ class Run {
   // of its lane must read it through a run that starts where the writer's did: else its slice s would need data of
   // another slice of the writer, which runs later.
   bool check_aligned(int r, int lane, size_t step, int cell, int32_t run, const char* what) {
-    last_read_[static_cast<size_t>(cell)] = {lane, cur_phase_, run};
+    Access& rd = last_read_[static_cast<size_t>(cell)];
+    // Two runs starting at different cells read it in this phase: no later write in the phase lines up with both.
+    const bool other_run = rd.lane == lane && rd.phase == cur_phase_ && rd.run != run;
+    rd = {lane, cur_phase_, other_run ? kSeveralRuns : run};
     const Value& v = cells_[static_cast<size_t>(cell)];
     if (v.writer_lane != lane || v.writer_phase != cur_phase_ || v.writer_run == run) return true;
     error_ = where(r, lane, step) + cat_str(": reads its ", what,
@@ -300,10 +310,24 @@ class Run {
                                                 " chunk(s) where this step takes ", count);
         return true;
       }
+      // Both ends cut the messages of one phase into slices and interleave them the same way only if they group
+      // the messages of this connection into phases alike.
+      FifoPhases& fp = fifo_phases_[{s.recv_peer, r, ln.channel}];
+      const int64_t recv_phase = (int64_t{lane} << 32) | cur_phase_;
+      if (fp.any && (msg->phase != fp.send_phase) != (recv_phase != fp.recv_phase)) {
+        const bool same = msg->phase == fp.send_phase;
+        error_ = where(r, lane, step) +
+                 cat_str(": rank ", s.recv_peer, " sent this message and the one before on channel ", ln.channel,
+                         same ? " in one phase" : " in two phases", " but this rank takes them in ",
+                         same ? "two" : "one", " (their slices would interleave differently: fences must match)");
+        return true;
+      }
+      fp = {true, msg->phase, recv_phase};
     }
     if (!check_code(r, lane, step, s)) return true;
     Message sent;
     sent.coded = (s.code & kCodedOut) != 0;
+    sent.phase = (int64_t{lane} << 32) | cur_phase_;
     // A run is its chunks one after another, each as a one-chunk step would treat it; the message carries them all.
     for (int32_t i = 0; i < count; ++i) {
       Step one = s;
@@ -583,7 +607,13 @@ class Run {
   struct Access {
     int32_t lane = -1, phase = -1, run = -1;
   };
-  std::vector<Access> last_read_;  // per cell: the last read (lane, phase, cell its run starts at)
+  static constexpr int32_t kSeveralRuns = -2;
+  std::vector<Access> last_read_;  // per cell: the last read (lane, phase, cell its run starts at or kSeveralRuns)
+  struct FifoPhases {
+    bool any = false;
+    int64_t send_phase = 0, recv_phase = 0;  // of the last message taken from the FIFO
+  };
+  std::map<FifoKey, FifoPhases> fifo_phases_;
   // Of the step being run: its lane's phase and the cells its src and dst runs start at (-1: none).
   int32_t cur_phase_ = 0, cur_src_run_ = -1, cur_dst_run_ = -1;
 };

@@ -36,7 +36,8 @@ SlotFifo::SlotFifo(void* region, size_t slot_bytes, int depth, bool initialize)
       slots_(static_cast<std::byte*>(region) + sizeof(Control)),
       stride_(round_up(kHeaderSpace + slot_bytes, 64)),
       depth_(static_cast<uint32_t>(depth)) {
-  CHORUS_ASSERT(depth >= 1);
+  // A power of two: slot i % depth stays continuous when the 32-bit counters wrap (the communicator checks it).
+  CHORUS_ASSERT(depth >= 1 && (depth & (depth - 1)) == 0);
   CHORUS_ASSERT(reinterpret_cast<uintptr_t>(region) % 64 == 0);
   if (initialize) {
     new (&ctl_->head) std::atomic<uint32_t>(0);

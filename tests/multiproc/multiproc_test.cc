@@ -324,15 +324,19 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   EXPECT_EQ(launched.out.find("exited with code 1"), std::string::npos) << launched.out;
 }
 
-// Halving/doubling moves runs of chunks, one round per phase: with 4 KiB slices every run of the larger sizes is
-// many slices, with 5 ranks one rank folds into its partner, with two channels reduce-scatter and all-gather send
-// one block per message. The tools check every element on every rank, in place and out of place (exit 0: right).
-TEST(PerfTools, HalvingDoublingIsRightWithManySlicesAFoldedRankAndTwoChannels) {
-  for (const char* tool : {ALL_REDUCE_PERF, REDUCE_SCATTER_PERF, ALL_GATHER_PERF})
+// Halving/doubling and Bruck move runs of chunks, one round per phase: with 4 KiB slices and two slots per
+// connection every run of the larger sizes is many slices; with 5 ranks one rank folds into its partner (rhd) and
+// Bruck's blocks wrap; with two channels the block programs send one block per message. The tools check every
+// element on every rank, in place and out of place (exit 0: right).
+TEST(PerfTools, RunsOfChunksAreRightWithManySlicesAFoldedRankAndTwoChannels) {
+  const std::pair<const char*, const char*> cases[] = {
+      {ALL_REDUCE_PERF, "rhd"}, {REDUCE_SCATTER_PERF, "rhd"}, {ALL_GATHER_PERF, "rhd"}, {ALL_GATHER_PERF, "bruck"}};
+  for (auto [tool, algorithm] : cases)
     for (int nch : {1, 2}) {
-      Result r = run("CHORUS_TRANSPORTS=shm CHORUS_SLICE_BYTES=4K CHORUS_NCHANNELS=" + std::to_string(nch) + " " +
-                     CHORUSRUN + " -n 5 --timeout 120 " + tool + " -A rhd -b 4 -e 1M -f 7 -n 1 -w 0");
-      EXPECT_EQ(r.code, 0) << tool << " nchannels=" << nch << ":\n" << r.out;
+      Result r = run(
+          "CHORUS_TRANSPORTS=shm CHORUS_SLICE_BYTES=4K CHORUS_FIFO_DEPTH=2 CHORUS_NCHANNELS=" + std::to_string(nch) +
+          " " + CHORUSRUN + " -n 5 --timeout 120 " + tool + " -A " + algorithm + " -b 4 -e 1M -f 7 -n 1 -w 0");
+      EXPECT_EQ(r.code, 0) << tool << " -A " << algorithm << " nchannels=" << nch << ":\n" << r.out;
       EXPECT_EQ(count_of(r.out, "Out of bounds values : 0 OK"), 1) << r.out;
     }
 }

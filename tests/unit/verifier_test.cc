@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "algorithms/algorithms.h"
+#include "algorithms/builder.h"
 #include "algorithms/verifier.h"
 
 namespace chorus::algo {
@@ -94,11 +95,13 @@ TEST(Verifier, ReduceNeverWritesNonRootOutput) {
 }
 
 // Halving/doubling moves one run of chunks per partner and round: log2(N) messages each way per rank, not N - 1.
-TEST(VerifierRuns, HalvingDoublingSendsOneMessagePerRound) {
+TEST(VerifierRuns, LogarithmicProgramsSendOneMessagePerRound) {
   EXPECT_EQ(verify(rhd_allreduce({8, 0, 1})).messages, 8 * 2 * 3);
   EXPECT_EQ(verify(rhd_allreduce({64, 0, 1})).messages, 64 * 2 * 6);
   EXPECT_EQ(verify(rhd_allgather({8, 0, 1})).messages, 8 * 3);
   EXPECT_EQ(verify(rhd_reduce_scatter({8, 0, 1})).messages, 8 * 3);
+  // Bruck: one run per round, two where the blocks wrap (rank 7 at distance 2, ranks 5-7 at distance 4): 8 + 9 + 11.
+  EXPECT_EQ(verify(bruck_allgather({8, 0, 1})).messages, 28);
   // 6 ranks: two fold into partners (one run there, one back) and four run two rounds each way.
   EXPECT_EQ(verify(rhd_allreduce({6, 0, 1})).messages, 2 * 2 + 4 * 4);
 }
@@ -167,6 +170,55 @@ TEST(VerifierRuns, ARoundReadingAnotherRoundsRunNeedsAFence) {
   VerifyResult res = verify(prog);
   EXPECT_FALSE(res.ok);
   EXPECT_NE(res.error.find("starts elsewhere"), std::string::npos) << res.error;
+}
+
+// Two ranks, an input of four chunks and an output of eight, one lane each: just enough for the hazards below (the walk
+// stops at the first).
+Program two_ranks(std::vector<Step> r0, std::vector<Step> r1) {
+  Program p;
+  p.coll = Coll::AllReduce;
+  p.algorithm = "test";
+  p.nranks = 2;
+  p.ranks.resize(2);
+  for (RankProgram& rp : p.ranks) {
+    rp.input = {1, 4};
+    rp.output = {2, 4};  // chunk c is part c % 4
+  }
+  p.ranks[0].lanes.push_back(Lane{0, std::move(r0)});
+  p.ranks[1].lanes.push_back(Lane{0, std::move(r1)});
+  return p;
+}
+Step fenced(Step s) {
+  s.fence = true;
+  return s;
+}
+std::string error_of(const Program& p) {
+  VerifyResult res = verify(p);
+  EXPECT_FALSE(res.ok);
+  return res.error;
+}
+
+TEST(VerifierRuns, PhasesOfAConnectionMustMatchOnBothEnds) {
+  // Rank 0 sends a run of two and one chunk in one phase; rank 1 takes them in two. With one slice per chunk the
+  // wire carries A0 B0 A1 while rank 1 expects A0 A1 B0: the data would swap silently.
+  const std::string e =
+      error_of(two_ranks({send(1, in(0, 2)), send(1, in(2))}, {recv(0, out(0, 2)), fenced(recv(0, out(2)))}));
+  EXPECT_NE(e.find("in one phase but this rank takes them in two"), std::string::npos) << e;
+}
+
+TEST(VerifierRuns, OverwritesThroughAnotherRunInOnePhaseAreErrors) {
+  // Written twice: slice 1 of the first run (chunk 1) lands after slice 0 of the second and wins.
+  std::string e = error_of(two_ranks({send(1, in(0, 2)), send(1, in(1))}, {recv(0, out(0, 2)), recv(0, out(1))}));
+  EXPECT_NE(e.find("overwrites a chunk written earlier in the phase"), std::string::npos) << e;
+  // Read, then written: slice 1 of the send (chunk 1) would go out after the receive replaced it.
+  e = error_of(two_ranks({copy(in(0, 2), out(0, 2), false), fenced(send(1, out(0, 2))), recv(1, out(1))},
+                         {send(0, in(1)), recv(0, out(0, 2))}));
+  EXPECT_NE(e.find("overwrites a chunk read earlier in the phase"), std::string::npos) << e;
+  // Read through two runs: the write lines up with the last read but not with the first.
+  e = error_of(
+      two_ranks({copy(in(0, 2), out(0, 2), false), fenced(send(1, out(0, 2))), send(1, out(1)), recv(1, out(1))},
+                {recv(0, out(0, 2)), recv(0, out(5)), send(0, in(1))}));
+  EXPECT_NE(e.find("overwrites a chunk read earlier in the phase"), std::string::npos) << e;
 }
 
 // Hierarchical programs for every hosts x ranks-per-host shape up to 8 x 8, and uneven hosts.
