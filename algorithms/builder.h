@@ -86,8 +86,10 @@ class Builder {
     }
   }
 
-  // Sorts and writes the lanes of every rank (lanes without steps are dropped).
-  void finish() {
+  // Sorts and writes the lanes of every rank (lanes without steps are dropped). `fence_phases`: key component 0
+  // is the phase: the first step of each phase in a lane starts a phase (Step::fence), for programs whose phases
+  // read runs of chunks that the phase before wrote through other runs.
+  void finish(bool fence_phases = false) {
     const size_t nl = lane_channel_.size();
     for (int r = 0; r < prog_.nranks; ++r) {
       for (size_t l = 0; l < nl; ++l) {
@@ -96,7 +98,10 @@ class Builder {
         std::stable_sort(v.begin(), v.end(), [](const Item& a, const Item& b) { return a.key < b.key; });
         Lane lane{lane_channel_[l], {}};
         lane.steps.reserve(v.size());
-        for (const Item& it : v) lane.steps.push_back(it.step);
+        for (size_t i = 0; i < v.size(); ++i) {
+          lane.steps.push_back(v[i].step);
+          if (fence_phases && i > 0 && v[i].key[0] != v[i - 1].key[0]) lane.steps.back().fence = true;
+        }
         prog_.ranks[r].lanes.push_back(std::move(lane));
         v.clear();
         v.shrink_to_fit();

@@ -16,7 +16,8 @@
 //    destination's (mod the host size), which forwards it across hosts, so every rank talks to its host and to one
 //    rank per other host instead of to every rank.
 // Steps are scheduled with Builder keys: (phase, round, sub-chunk, ., hop), so every pair of ranks orders the
-// messages between them the same way and each rank handles one chain per hop of a round, as in a flat ring.
+// messages between them the same way and each rank handles one chain per hop of a round, as in a flat ring. The
+// all-reduce moves a part's H sub-parts inside a host as one run of chunks, so its phases are fenced (Step::fence).
 #include <algorithm>
 #include <stdexcept>
 
@@ -91,13 +92,12 @@ Program hier_allreduce_impl(const ProgramParams& prm, bool direct) {
       const int m = hs.m(h);
       for (int p = 0; p < P; ++p) {
         const int o = p % m, rd = hs.round(h, p);
-        for (int s = 0; s < H; ++s) {
-          const int c = chunk(p, s);
-          // Inside the host: reduce towards the owner (the last of the ring), later pass the result around.
-          b.chain_reduce(
-              ch, Key{0, rd, s, 0, 0}, hs.ring(h, o + 1, m), [&](int) { return in(c); }, out(c), H == 1);
-          b.chain_bcast(ch, Key{2, rd, s, 0, 0}, hs.ring(h, o, m), out(c), [&](int) { return out(c); });
-        }
+        // Inside the host: reduce part p towards its owner (the last of the ring), later pass the result around;
+        // the H sub-parts of the part are one run (one message per hop), as the phases are fenced below.
+        const int c = chunk(p, 0);
+        b.chain_reduce(
+            ch, Key{0, rd, 0, 0, 0}, hs.ring(h, o + 1, m), [&](int) { return in(c, H); }, out(c, H), H == 1);
+        b.chain_bcast(ch, Key{2, rd, 0, 0, 0}, hs.ring(h, o, m), out(c, H), [&](int) { return out(c, H); });
       }
     }
     if (H == 1) continue;
@@ -129,7 +129,9 @@ Program hier_allreduce_impl(const ProgramParams& prm, bool direct) {
       }
     }
   }
-  b.finish();
+  // The owners' exchange works on single sub-parts of what the host phase wrote as one run, and the host's
+  // all-gather reads them back as one run: each phase waits for the whole of the one before.
+  b.finish(/*fence_phases=*/true);
   return prog;
 }
 

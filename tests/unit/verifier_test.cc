@@ -102,6 +102,10 @@ TEST(VerifierRuns, LogarithmicProgramsSendOneMessagePerRound) {
   EXPECT_EQ(verify(rhd_reduce_scatter({8, 0, 1})).messages, 8 * 3);
   // Bruck: one run per round, two where the blocks wrap (rank 7 at distance 2, ranks 5-7 at distance 4): 8 + 9 + 11.
   EXPECT_EQ(verify(bruck_allgather({8, 0, 1})).messages, 28);
+  // Hierarchical all-reduce, 2 hosts of 4: inside each host one run per part and hop (2 hosts x 4 parts x 3 hops,
+  // up and down); across hosts each part's 2 sub-parts go around the owners' ring (4 parts x 2 sub-parts x 1 hop,
+  // up and down): 48 + 16, where one chunk per message took 96 inside the hosts.
+  EXPECT_EQ(verify(hier_allreduce({8, 0, 1, {0, 0, 0, 0, 1, 1, 1, 1}})).messages, 48 + 16);
   // 6 ranks: two fold into partners (one run there, one back) and four run two rounds each way.
   EXPECT_EQ(verify(rhd_allreduce({6, 0, 1})).messages, 2 * 2 + 4 * 4);
 }
