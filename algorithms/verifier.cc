@@ -622,9 +622,92 @@ class Run {
 
 bool has_in_place_form(Coll coll) { return coll != Coll::AllToAll && coll != Coll::AllToAllv; }
 
+namespace {
+
+// The executor's walk without data: every step cut into `k` slices per chunk of its run, a lane slice-major within
+// a phase and phases in turn, FIFOs of `capacity` slices. The message walk treats a message as a whole, so it cannot
+// see a fence that makes one side wait for the whole of a message while the other waits for the first slice of the
+// answer; this walk can. Returns "" or the deadlock.
+std::string slice_walk(const Program& prog, int capacity, int k) {
+  struct LaneAt {
+    size_t phase = 0, step = 0, slice = 0;
+    bool more = false, done = false;
+  };
+  auto slices = [k](const Step& s) {
+    const int32_t count = op_writes_dst(s.op) ? s.dst.count : op_reads_src(s.op) ? s.src.count : 1;
+    return static_cast<size_t>(std::max(1, count)) * static_cast<size_t>(k);
+  };
+  std::vector<std::vector<LaneAt>> at(static_cast<size_t>(prog.nranks));
+  for (int r = 0; r < prog.nranks; ++r) {
+    at[r].resize(prog.ranks[r].lanes.size());
+    for (size_t l = 0; l < at[r].size(); ++l) at[r][l].done = prog.ranks[r].lanes[l].steps.empty();
+  }
+  std::map<std::tuple<int, int, int>, int> inflight;  // (sender, receiver, channel) -> slices in flight
+  for (;;) {
+    bool progress = false, all_done = true;
+    for (int r = 0; r < prog.nranks; ++r)
+      for (size_t l = 0; l < at[r].size(); ++l) {
+        LaneAt& a = at[r][l];
+        const Lane& lane = prog.ranks[r].lanes[l];
+        while (!a.done) {
+          const Step& s = lane.steps[a.step];
+          const size_t ns = slices(s);
+          if (a.slice < ns) {
+            int* in = op_receives(s.op) ? &inflight[{s.recv_peer, r, lane.channel}] : nullptr;
+            int* out = op_sends(s.op) ? &inflight[{r, s.send_peer, lane.channel}] : nullptr;
+            if ((in && *in == 0) || (out && *out >= capacity)) break;
+            if (in) --*in;
+            if (out) ++*out;
+            a.more |= a.slice + 1 < ns;
+            progress = true;
+          }
+          if (++a.step < lane.steps.size() && !lane.steps[a.step].fence) continue;
+          if (a.more) {
+            a.step = a.phase;
+            ++a.slice;
+            a.more = false;
+          } else if (a.step == lane.steps.size()) {
+            a.done = true;
+          } else {
+            a.phase = a.step;
+            a.slice = 0;
+          }
+        }
+        all_done &= a.done;
+      }
+    if (all_done) return "";
+    if (progress) continue;
+    std::ostringstream os;
+    os << "deadlock once messages are cut into slices (" << k << " per chunk, " << capacity
+       << " slices per connection):";
+    int shown = 0;
+    for (int r = 0; r < prog.nranks && shown < 8; ++r)
+      for (size_t l = 0; l < at[r].size() && shown < 8; ++l) {
+        if (at[r][l].done) continue;
+        const Step& s = prog.ranks[r].lanes[l].steps[at[r][l].step];
+        os << " [rank " << r << " lane " << l << " step " << at[r][l].step << " slice " << at[r][l].slice << " "
+           << opcode_name(s.op);
+        if (op_receives(s.op)) os << " waits for rank " << s.recv_peer;
+        if (op_sends(s.op)) os << " / sends to rank " << s.send_peer;
+        os << "]";
+        ++shown;
+      }
+    return os.str();
+  }
+}
+
+}  // namespace
+
 VerifyResult verify(const Program& program, const VerifyOptions& options) {
   Run run(program, options);
-  return run.go();
+  VerifyResult res = run.go();
+  if (!res.ok) return res;
+  // Messages of several slices: each chunk cut into capacity + 1, so a message never fits its connection whole.
+  if (std::string e = slice_walk(program, options.fifo_capacity, options.fifo_capacity + 1); !e.empty()) {
+    res.ok = false;
+    res.error = std::move(e);
+  }
+  return res;
 }
 
 }  // namespace chorus::algo

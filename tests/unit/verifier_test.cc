@@ -210,6 +210,26 @@ TEST(VerifierRuns, PhasesOfAConnectionMustMatchOnBothEnds) {
   EXPECT_NE(e.find("in one phase but this rank takes them in two"), std::string::npos) << e;
 }
 
+// Whole messages flow, but once they are cut into slices a fence on one side waits for the whole of a message the
+// other side sends only after the first slice of the answer: the walk by slices finds it.
+TEST(VerifierRuns, AFenceThatWaitsForAWholeMessageOfAPeerWaitingForASliceIsADeadlock) {
+  // A two-rank all-gather, right message by message.
+  Program p = two_ranks({copy(in(0), out(0), false), send(1, in(0)), recv(1, out(1))},
+                        {copy(in(0), out(1), false), recv(0, out(0)), fenced(send(0, in(0)))});
+  p.coll = Coll::AllGather;
+  for (RankProgram& rp : p.ranks) {
+    rp.input = {1, 1};
+    rp.output = {2, 1};
+  }
+  VerifyResult res = verify(p);
+  EXPECT_FALSE(res.ok);
+  EXPECT_NE(res.error.find("deadlock once messages are cut into slices"), std::string::npos) << res.error;
+  // The same exchange without the fence: slice by slice it flows.
+  p.ranks[1].lanes[0].steps[2].fence = false;
+  res = verify(p);
+  EXPECT_TRUE(res.ok) << res.error;
+}
+
 TEST(VerifierRuns, OverwritesThroughAnotherRunInOnePhaseAreErrors) {
   // Written twice: slice 1 of the first run (chunk 1) lands after slice 0 of the second and wins.
   std::string e = error_of(two_ranks({send(1, in(0, 2)), send(1, in(1))}, {recv(0, out(0, 2)), recv(0, out(1))}));
