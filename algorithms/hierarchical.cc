@@ -151,16 +151,16 @@ Program hier_allgather(const ProgramParams& prm) {
   Builder b(prog, one_lane_per_channel(nch));
   for (int ch = 0; ch < nch; ++ch) {
     auto oc = [&](int blk, int p) { return out(blk * nch * P + ch * P + p); };
-    for (int r = 0; r < n; ++r)
-      for (int p = 0; p < P; ++p)
-        b.add(r, ch, Key{0, 0, 0, 0, -1}, Step{OpCode::Copy, -1, -1, in(ch * P + p), oc(r, p)});
-    // Inside each host: ring all-gather of the host's own blocks.
+    // A block's P parts on this channel, as one run.
+    auto block_run = [&](int blk) { return out(blk * nch * P + ch * P, P); };
+    for (int r = 0; r < n; ++r) b.add(r, ch, Key{0, 0, 0, 0, -1}, copy(in(ch * P, P), block_run(r), false));
+    // Inside each host: ring all-gather of the host's own blocks, each block one run (on one host this is the
+    // ring all-gather).
     for (int h = 0; h < H; ++h) {
       const int m = hs.m(h);
       for (int x = 0; x < m; ++x) {
         const int src = hs.members[h][x];
-        for (int p = 0; p < P; ++p)
-          b.chain_bcast(ch, Key{0, p, 0, 0, 0}, hs.ring(h, x, m), oc(src, p), [&](int) { return oc(src, p); });
+        b.chain_bcast(ch, Key{0, 0, 0, 0, 0}, hs.ring(h, x, m), block_run(src), [&](int) { return block_run(src); });
       }
     }
     if (H == 1) continue;
@@ -189,13 +189,21 @@ Program hier_allgather(const ProgramParams& prm) {
       }
     }
   }
-  b.finish();
+  // The owners' exchange reads single parts of blocks the host phase moved as runs: a phase apart.
+  b.finish(/*fence_phases=*/true);
   return prog;
 }
 
 Program hier_reduce_scatter(const ProgramParams& prm) {
-  Program prog = new_program(Coll::ReduceScatter, "hier", prm);
   const Hosts hs = hosts_of(prm);
+  if (hs.H() == 1) {
+    // One host: the ring reduce-scatter. The general program below reduces every block's every part towards the
+    // part's owner and then hands it to the block's rank: N^2 (N - 1) messages on one host.
+    Program ring = ring_reduce_scatter(prm);
+    ring.algorithm = "hier";
+    return ring;
+  }
+  Program prog = new_program(Coll::ReduceScatter, "hier", prm);
   const int n = prm.nranks, H = hs.H(), P = hs.P, nch = prm.nchannels;
   for (RankProgram& rp : prog.ranks) {
     rp.input = {n, nch * P};

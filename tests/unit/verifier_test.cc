@@ -110,6 +110,15 @@ TEST(VerifierRuns, LogarithmicProgramsSendOneMessagePerRound) {
   EXPECT_EQ(verify(rhd_allreduce({6, 0, 1})).messages, 2 * 2 + 4 * 4);
 }
 
+// On one host the hierarchical all-gather and reduce-scatter are rings: N (N - 1) messages. They were N^2 (N - 1)
+// (every part of every block a message of its own): 20 s and 1 GB to generate at 256 ranks.
+TEST(VerifierRuns, HierarchicalAllGatherAndReduceScatterOnOneHostAreRings) {
+  for (int n : {2, 5, 8}) {
+    EXPECT_EQ(verify(hier_allgather({n, 0, 1})).messages, n * (n - 1)) << n;
+    EXPECT_EQ(verify(hier_reduce_scatter({n, 0, 1})).messages, n * (n - 1)) << n;
+  }
+}
+
 TEST(VerifierRuns, AMessageAndTheStepTakingItMustCoverAsManyChunks) {
   Program prog = rhd_allreduce({4, 0, 1});
   // Rank 0's first round receives a run of two chunks: make the step take one.
