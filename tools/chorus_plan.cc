@@ -175,7 +175,8 @@ int main(int argc, char** argv) {
       nchannels = parse_int_flag(f, value, 1, 32);  // as CHORUS_NCHANNELS
     } else if (flag == "--slice-bytes") {
       slice_bytes = static_cast<int64_t>(parse_size_flag(f, value));
-      if (slice_bytes < 64) usage_error("--slice-bytes must be at least 64 (as CHORUS_SLICE_BYTES)");
+      if (slice_bytes < 64 || slice_bytes > (int64_t{1} << 30))
+        usage_error("--slice-bytes must be between 64 and 1G (as CHORUS_SLICE_BYTES)");
     } else if (flag == "--fifo-depth") {
       fifo_depth = parse_int_flag(f, value, 2, 64);
       if ((fifo_depth & (fifo_depth - 1)) != 0)

@@ -196,6 +196,17 @@ TEST(Faults, AFullDevShmIsAnErrorNotABusError) {
   EXPECT_NE(r.out.find("/dev/shm is full"), std::string::npos) << r.out;
 }
 
+TEST(Faults, FifosLargerThanHalfTheAvailableMemoryAreAnErrorNotAnOutOfMemoryKill) {
+  // 2 x 64 slots x 1 GiB per pair: more than half of any machine this runs on. Where /dev/shm is as large as memory
+  // the segment used to be allocated, and a third rank's took the memory: the kernel killed a rank.
+  Result r = run(std::string("CHORUS_TRANSPORTS=shm CHORUS_SLICE_BYTES=1G CHORUS_FIFO_DEPTH=64 ") + CHORUSRUN +
+                 " -n 2 --timeout 60 " + MP_WORKER + " smoke");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("signal"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bytes of memory available: lower CHORUS_SLICE_BYTES or CHORUS_FIFO_DEPTH"), std::string::npos)
+      << r.out;
+}
+
 TEST(Launcher, ChorusrunRemovesTheSegmentsItsEndedRanksLeftAndNoOthers) {
   // A rank that ends leaves two segments named as the shm transport names them, and one with its pid but another
   // launch's id (a job in another pid namespace sharing /dev/shm): only its own two are removed.

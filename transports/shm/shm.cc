@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -50,6 +51,18 @@ std::string segment_prefix(int pid, const std::string& launch_id) {
   return cat("/chorus-", pid, "-", launch_id.empty() ? std::string("0") : launch_id, "-");
 }
 
+// MemAvailable of /proc/meminfo in bytes, or 0 when it cannot be read.
+uint64_t memory_available() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  std::fclose(f);
+  return static_cast<uint64_t>(kib) * 1024;
+}
+
 // CHORUS_LAUNCH_ID, checked: it becomes part of a file name.
 std::string launch_id() {
   const std::string id = param_str(Param::LaunchId);
@@ -72,6 +85,13 @@ class ShmTransport : public Transport {
     std::string name =
         cat(segment_prefix(getpid(), launch_id_), counter++, "-", std::hex, (uint64_t{rd()} << 32) | rd());
     const size_t one = SlotFifo::region_bytes(s.slot_bytes, s.fifo_depth);
+    // The segment is allocated in full below, and where /dev/shm is as large as memory (as on most hosts) a segment
+    // that fits /dev/shm can still take the memory the processes need: the out-of-memory killer, not an error.
+    if (const uint64_t avail = memory_available(); avail > 0 && 2 * one > avail / 2)
+      throw Error(chorusSystemError, Subsys::Transport,
+                  cat("shm: the FIFOs to rank ", s.peer, " need ", 2 * one, " bytes (2 directions x CHORUS_FIFO_DEPTH=",
+                      s.fifo_depth, " x CHORUS_SLICE_BYTES=", s.slot_bytes, "), more than half of the ", avail,
+                      " bytes of memory available: lower CHORUS_SLICE_BYTES or CHORUS_FIFO_DEPTH"));
     int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) throw Error(chorusSystemError, Subsys::Transport, cat("shm: shm_open ", name, ": ", errno_text()));
     // Allocated now, not sized sparse (ftruncate): a full /dev/shm is an error here instead of a SIGBUS at the
