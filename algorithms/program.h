@@ -117,6 +117,25 @@ struct Lane {
   std::vector<Step> steps;
 };
 
+// The order a lane's step-slices run in, shared by the executor, the simulator and the verifier: slice-major within
+// a phase (Step::fence), phases in turn. Call it after step `step` of slice `slice` ran or was skipped (it has no such
+// slice); `more` says whether a step of this pass over the phase has slices after `slice`, and `phase` is the first
+// step of the current phase. Returns false when the lane is done.
+template <class Index>
+bool next_step_slice(const Step* steps, Index nsteps, Index& phase, Index& step, Index& slice, bool& more) {
+  if (++step < nsteps && !steps[step].fence) return true;
+  if (more) {  // the phase's next slice
+    step = phase;
+    ++slice;
+    more = false;
+    return true;
+  }
+  if (step == nsteps) return false;
+  phase = step;  // the next phase
+  slice = 0;
+  return true;
+}
+
 struct BufShape {
   int32_t nblocks = 0;
   int32_t parts = 1;

@@ -540,19 +540,7 @@ class Sim {
   // Moves to the lane's next step-slice in slice-major order within its phase; false when the lane is done.
   bool advance(LaneState& ls) {
     for (;;) {
-      if (++ls.step == ls.nsteps || ls.steps[ls.step].fence) {
-        // End of a pass over the phase: its next slice, else the next phase.
-        if (ls.more) {
-          ls.step = ls.phase;
-          ++ls.slice;
-          ls.more = false;
-        } else if (ls.step == ls.nsteps) {
-          return false;
-        } else {
-          ls.phase = ls.step;
-          ls.slice = 0;
-        }
-      }
+      if (!next_step_slice(ls.steps, ls.nsteps, ls.phase, ls.step, ls.slice, ls.more)) return false;
       if (load(ls)) return true;
     }
   }

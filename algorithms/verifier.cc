@@ -661,17 +661,7 @@ std::string slice_walk(const Program& prog, int capacity, int k) {
             a.more |= a.slice + 1 < ns;
             progress = true;
           }
-          if (++a.step < lane.steps.size() && !lane.steps[a.step].fence) continue;
-          if (a.more) {
-            a.step = a.phase;
-            ++a.slice;
-            a.more = false;
-          } else if (a.step == lane.steps.size()) {
-            a.done = true;
-          } else {
-            a.phase = a.step;
-            a.slice = 0;
-          }
+          a.done = !next_step_slice(lane.steps.data(), lane.steps.size(), a.phase, a.step, a.slice, a.more);
         }
         all_done &= a.done;
       }

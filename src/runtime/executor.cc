@@ -266,18 +266,7 @@ class Run {
         moved = true;
         ls.more |= ls.slice + 1 < ns;
       }
-      if (++ls.step < steps.size() && !steps[ls.step].fence) continue;
-      // End of a pass over the phase: the next slice of it, else the next phase.
-      if (ls.more) {
-        ls.step = ls.phase;
-        ++ls.slice;
-        ls.more = false;
-      } else if (ls.step == steps.size()) {
-        ls.done = true;
-      } else {
-        ls.phase = ls.step;
-        ls.slice = 0;
-      }
+      ls.done = !algo::next_step_slice(steps.data(), steps.size(), ls.phase, ls.step, ls.slice, ls.more);
     }
     return moved;
   }
