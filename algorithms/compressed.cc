@@ -56,10 +56,12 @@ Program code_messages(Program prog, const char* name, Pred coded_pair) {
         for (size_t i = 0; i < lane.steps.size(); ++i) {
           const Step& s = lane.steps[i];
           if (s.op != OpCode::Send || !(s.code & kCodedOut) || s.src.buf == BufKind::Input) continue;
-          // A partial sum sent to be reduced elsewhere is overwritten later by the result: nothing to keep.
-          const bool overwritten = std::any_of(
-              lane.steps.begin() + static_cast<long>(i) + 1, lane.steps.end(),
-              [&](const Step& t) { return (t.op == OpCode::Recv || t.op == OpCode::RecvCopySend) && t.dst == s.src; });
+          // A partial sum sent to be reduced elsewhere is overwritten later by the result (a receive into a run
+          // that holds the chunk): nothing to keep.
+          const bool overwritten =
+              std::any_of(lane.steps.begin() + static_cast<long>(i) + 1, lane.steps.end(), [&](const Step& t) {
+                return (t.op == OpCode::Recv || t.op == OpCode::RecvCopySend) && overlaps(t.dst, s.src);
+              });
           if (overwritten) continue;
           auto it = std::find_if(last.begin(), last.end(), [&](const auto& e) { return e.second == s.src; });
           if (it == last.end()) {

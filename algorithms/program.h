@@ -47,6 +47,10 @@ struct ChunkRef {
   int32_t count = 1;
   bool operator==(const ChunkRef&) const = default;
 };
+// True if two runs share a chunk of one buffer (as named; in-place aliases of the input and output are not seen).
+inline bool overlaps(const ChunkRef& a, const ChunkRef& b) {
+  return a.buf == b.buf && a.chunk < b.chunk + b.count && b.chunk < a.chunk + a.count;
+}
 
 // What a step does with the message it receives (if any), its local operand `src` and its destination `dst`.
 enum class OpCode : uint8_t {
