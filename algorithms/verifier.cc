@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -595,6 +596,14 @@ class Run {
  public:
   int quant_min_ = 1 << 30, quant_max_ = 0;
 
+  // After go(): the storage cell of one chunk of rank r (aliases share one), or -1 when out of range.
+  int cell(int r, const ChunkRef& ref) const {
+    const RankCells& m = map_[static_cast<size_t>(r)];
+    const std::vector<int>& v = ref.buf == BufKind::Input ? m.in : ref.buf == BufKind::Output ? m.out : m.scratch;
+    return ref.chunk >= 0 && ref.chunk < static_cast<int>(v.size()) ? v[static_cast<size_t>(ref.chunk)] : -1;
+  }
+  size_t ncells() const { return cells_.size(); }
+
  private:
   const Program& prog_;
   VerifyOptions opt_;
@@ -627,54 +636,223 @@ namespace {
 // The executor's walk without data: every step cut into `k` slices per chunk of its run, a lane slice-major within
 // a phase and phases in turn, FIFOs of `capacity` slices. The message walk treats a message as a whole, so it cannot
 // see a fence that makes one side wait for the whole of a message while the other waits for the first slice of the
-// answer; this walk can. Returns "" or the deadlock.
-std::string slice_walk(const Program& prog, int capacity, int k) {
+// answer; this walk can.
+//
+// It also proves that lanes of one rank that share a chunk are ordered where they touch it. Lanes run concurrently,
+// so a slice that one lane writes and another reads or writes needs a chain of messages from the first access to
+// the second (in place, the tree all-reduce's way down overwrites what its way up read, after the root answered).
+// The walk keeps a vector clock per lane (Lamport, "Time, clocks, and the ordering of events in a distributed
+// system", CACM 1978; Mattern, "Virtual time and global states of distributed systems", 1989), with an entry for
+// each lane that shares a chunk with another lane of its rank, and checks every access to a slice of such a chunk
+// against the last write and the reads since. Messages match in a fixed order (the k-th sent is the k-th received),
+// so the order found holds in every run of the program. A sender waiting for FIFO space is not counted as ordering.
+class SliceWalk {
+ public:
+  // `cell(r, ref)` is the storage cell of one chunk of rank r (in place, aliases share one), of `ncells` in all.
+  SliceWalk(const Program& prog, int capacity, int k, std::function<int(int, const ChunkRef&)> cell, size_t ncells)
+      : prog_(prog), capacity_(capacity), k_(k), cell_(std::move(cell)) {
+    for (int r = 0; r < prog.nranks; ++r) {
+      lane_id_.emplace_back();
+      for (size_t l = 0; l < prog.ranks[r].lanes.size(); ++l) {
+        lane_id_.back().push_back(static_cast<int32_t>(lane_at_.size()));
+        lane_at_.push_back({r, static_cast<int32_t>(l)});
+      }
+    }
+    clock_index_.assign(lane_at_.size(), -1);
+    find_shared(ncells);
+  }
+
+  // Lanes with a clock entry above which the order check is skipped: it costs (lanes with an entry) x (slices
+  // received) time, and as much memory per slice in flight.
+  static constexpr size_t kMaxOrderedLanes = 2048;
+
+  // "" or the deadlock or unordered access found. `*lanes_ordered` is false when the order check was skipped.
+  std::string run(bool* lanes_ordered) {
+    const bool order = nordered_ <= kMaxOrderedLanes;
+    *lanes_ordered = order;
+    if (order && nordered_ > 0) clocks_.assign(lane_at_.size(), Clock(nordered_, 0));
+    const bool clocked = !clocks_.empty();
+    std::vector<std::vector<LaneAt>> at(static_cast<size_t>(prog_.nranks));
+    for (int r = 0; r < prog_.nranks; ++r) {
+      at[r].resize(prog_.ranks[r].lanes.size());
+      for (size_t l = 0; l < at[r].size(); ++l) at[r][l].done = prog_.ranks[r].lanes[l].steps.empty();
+    }
+    std::map<FifoKey, std::deque<Clock>> fifos;  // per (sender, receiver, channel): a clock per slice in flight
+    for (;;) {
+      bool progress = false, all_done = true;
+      for (int r = 0; r < prog_.nranks; ++r)
+        for (size_t l = 0; l < at[r].size(); ++l) {
+          LaneAt& a = at[r][l];
+          const Lane& lane = prog_.ranks[r].lanes[l];
+          while (!a.done) {
+            const Step& s = lane.steps[a.step];
+            const size_t ns = slices(s);
+            if (a.slice < ns) {
+              std::deque<Clock>* in = op_receives(s.op) ? &fifos[{s.recv_peer, r, lane.channel}] : nullptr;
+              std::deque<Clock>* out = op_sends(s.op) ? &fifos[{r, s.send_peer, lane.channel}] : nullptr;
+              if ((in && in->empty()) || (out && static_cast<int>(out->size()) >= capacity_)) break;
+              const int32_t id = lane_id_[r][l];
+              if (in) {
+                if (clocked) merge(clocks_[id], in->front());
+                in->pop_front();
+              }
+              if (clocked) {
+                if (std::string e = access(r, id, a.step, a.slice, s); !e.empty()) return e;
+              }
+              if (out) out->push_back(clocked ? clocks_[id] : Clock{});
+              a.more |= a.slice + 1 < ns;
+              progress = true;
+            }
+            a.done = !next_step_slice(lane.steps.data(), lane.steps.size(), a.phase, a.step, a.slice, a.more);
+          }
+          all_done &= a.done;
+        }
+      if (all_done) return "";
+      if (!progress) return deadlock_report(at);
+    }
+  }
+
+ private:
   struct LaneAt {
     size_t phase = 0, step = 0, slice = 0;
     bool more = false, done = false;
   };
-  auto slices = [k](const Step& s) {
-    const int32_t count = op_writes_dst(s.op) ? s.dst.count : op_reads_src(s.op) ? s.src.count : 1;
-    return static_cast<size_t>(std::max(1, count)) * static_cast<size_t>(k);
+  // One access to a slice of a shared cell: the lane (global id), its clock and step.
+  struct Access {
+    int32_t lane = -1;
+    size_t step = 0;
+    uint32_t clock = 0;
   };
-  std::vector<std::vector<LaneAt>> at(static_cast<size_t>(prog.nranks));
-  for (int r = 0; r < prog.nranks; ++r) {
-    at[r].resize(prog.ranks[r].lanes.size());
-    for (size_t l = 0; l < at[r].size(); ++l) at[r][l].done = prog.ranks[r].lanes[l].steps.empty();
+  struct SliceAccesses {
+    Access write;
+    std::vector<Access> reads;  // since the write, the latest per lane
+  };
+  using Clock = std::vector<uint32_t>;
+  using FifoKey = std::tuple<int, int, int>;  // sender, receiver, channel
+
+  size_t slices(const Step& s) const {
+    const int32_t count = op_writes_dst(s.op) ? s.dst.count : op_reads_src(s.op) ? s.src.count : 1;
+    return static_cast<size_t>(std::max(1, count)) * static_cast<size_t>(k_);
   }
-  std::map<std::tuple<int, int, int>, int> inflight;  // (sender, receiver, channel) -> slices in flight
-  for (;;) {
-    bool progress = false, all_done = true;
-    for (int r = 0; r < prog.nranks; ++r)
-      for (size_t l = 0; l < at[r].size(); ++l) {
-        LaneAt& a = at[r][l];
-        const Lane& lane = prog.ranks[r].lanes[l];
-        while (!a.done) {
-          const Step& s = lane.steps[a.step];
-          const size_t ns = slices(s);
-          if (a.slice < ns) {
-            int* in = op_receives(s.op) ? &inflight[{s.recv_peer, r, lane.channel}] : nullptr;
-            int* out = op_sends(s.op) ? &inflight[{r, s.send_peer, lane.channel}] : nullptr;
-            if ((in && *in == 0) || (out && *out >= capacity)) break;
-            if (in) --*in;
-            if (out) ++*out;
-            a.more |= a.slice + 1 < ns;
-            progress = true;
-          }
-          a.done = !next_step_slice(lane.steps.data(), lane.steps.size(), a.phase, a.step, a.slice, a.more);
-        }
-        all_done &= a.done;
+
+  // What a step reads and writes: f(run, writes).
+  template <class F>
+  static void for_each_access(const Step& s, F f) {
+    if (op_reads_src(s.op)) f(s.src, false);
+    if (s.op == OpCode::Reduce) f(s.dst, false);
+    if ((s.code & kErrorFeedback) && s.src.buf != BufKind::Input) f(s.src, true);  // rewritten with the residual
+    if (op_writes_dst(s.op)) f(s.dst, true);
+  }
+
+  // The cells one lane writes and another lane of the same rank reads or writes; the lanes that touch them get a
+  // clock entry, and the cells k slices of access records.
+  void find_shared(size_t ncells) {
+    constexpr int32_t kNone = -1, kSeveral = -2;
+    struct Use {
+      int32_t writer = kNone, reader = kNone;
+    };
+    std::vector<Use> use(ncells);
+    auto each = [&](auto f) {
+      for (int r = 0; r < prog_.nranks; ++r) {
+        const RankProgram& rp = prog_.ranks[r];
+        if (rp.lanes.size() < 2) continue;  // one lane is ordered by itself
+        for (size_t l = 0; l < rp.lanes.size(); ++l)
+          for (const Step& s : rp.lanes[l].steps)
+            for_each_access(s, [&](const ChunkRef& ref, bool writes) {
+              for (int32_t i = 0; i < ref.count; ++i) {
+                const int c = cell_(r, ChunkRef{ref.buf, ref.chunk + i, 1});
+                if (c >= 0) f(c, lane_id_[r][l], writes);
+              }
+            });
       }
-    if (all_done) return "";
-    if (progress) continue;
+    };
+    each([&](int c, int32_t lane, bool writes) {
+      int32_t& who = writes ? use[c].writer : use[c].reader;
+      who = who == kNone || who == lane ? lane : kSeveral;
+    });
+    slot_of_cell_.assign(ncells, -1);
+    each([&](int c, int32_t lane, bool) {
+      const Use& u = use[c];
+      if (u.writer == kNone || (u.writer != kSeveral && (u.reader == kNone || u.reader == u.writer))) return;
+      if (clock_index_[lane] < 0) clock_index_[lane] = static_cast<int32_t>(nordered_++);
+      if (slot_of_cell_[c] < 0) {
+        slot_of_cell_[c] = static_cast<int32_t>(accesses_.size());
+        accesses_.resize(accesses_.size() + static_cast<size_t>(k_));
+      }
+    });
+  }
+
+  static void merge(Clock& into, const Clock& from) {
+    for (size_t i = 0; i < into.size(); ++i) into[i] = std::max(into[i], from[i]);
+  }
+
+  // Slice `slice` of step `step` of lane `id` on rank `r`: checks and records its accesses to shared cells.
+  std::string access(int r, int32_t id, size_t step, size_t slice, const Step& s) {
+    const int32_t mine = clock_index_[id];
+    if (mine < 0) return "";  // touches no shared cell
+    Clock& now = clocks_[id];
+    ++now[static_cast<size_t>(mine)];
+    const Access me{id, step, now[static_cast<size_t>(mine)]};
+    const int32_t chunk_in_run = static_cast<int32_t>(slice / static_cast<size_t>(k_));
+    const size_t sub = slice % static_cast<size_t>(k_);
+    std::string error;
+    for_each_access(s, [&](const ChunkRef& run, bool writes) {
+      if (!error.empty()) return;
+      const ChunkRef ref{run.buf, run.chunk + chunk_in_run, 1};
+      const int c = cell_(r, ref);
+      if (c < 0 || slot_of_cell_[c] < 0) return;
+      SliceAccesses& sa = accesses_[static_cast<size_t>(slot_of_cell_[c]) + sub];
+      auto unordered = [&](const Access& before) {
+        return before.lane >= 0 && before.lane != id &&
+               now[static_cast<size_t>(clock_index_[before.lane])] < before.clock;
+      };
+      if (unordered(sa.write)) {
+        error = race(r, id, step, slice, s, ref, writes, sa.write, true);
+        return;
+      }
+      if (writes) {
+        for (const Access& rd : sa.reads)
+          if (unordered(rd)) {
+            error = race(r, id, step, slice, s, ref, true, rd, false);
+            return;
+          }
+        sa.write = me;
+        sa.reads.clear();
+        return;
+      }
+      auto it = std::find_if(sa.reads.begin(), sa.reads.end(), [&](const Access& a) { return a.lane == id; });
+      if (it == sa.reads.end())
+        sa.reads.push_back(me);
+      else
+        *it = me;
+    });
+    return error;
+  }
+
+  std::string race(int r, int32_t id, size_t step, size_t slice, const Step& s, const ChunkRef& ref, bool writes,
+                   const Access& before, bool before_wrote) const {
+    static const char* const kBuf[] = {"input", "output", "scratch"};
+    const int32_t other_lane = lane_at_[static_cast<size_t>(before.lane)].lane;
+    const Step& other = prog_.ranks[r].lanes[static_cast<size_t>(other_lane)].steps[before.step];
     std::ostringstream os;
-    os << "deadlock once messages are cut into slices (" << k << " per chunk, " << capacity
+    os << "rank " << r << " lane " << lane_at_[static_cast<size_t>(id)].lane << " step " << step << " ("
+       << opcode_name(s.op) << ") " << (writes ? "writes " : "reads ") << kBuf[static_cast<int>(ref.buf)] << " chunk "
+       << ref.chunk << " (slice " << slice % static_cast<size_t>(k_) << " of " << k_ << ") that lane " << other_lane
+       << " step " << before.step << " (" << opcode_name(other.op) << ") " << (before_wrote ? "wrote" : "read")
+       << " with nothing ordering the two: lanes run concurrently, so a chain of messages must lead from one access "
+          "to the other (or both belong in one lane)";
+    return os.str();
+  }
+
+  std::string deadlock_report(const std::vector<std::vector<LaneAt>>& at) const {
+    std::ostringstream os;
+    os << "deadlock once messages are cut into slices (" << k_ << " per chunk, " << capacity_
        << " slices per connection):";
     int shown = 0;
-    for (int r = 0; r < prog.nranks && shown < 8; ++r)
+    for (int r = 0; r < prog_.nranks && shown < 8; ++r)
       for (size_t l = 0; l < at[r].size() && shown < 8; ++l) {
         if (at[r][l].done) continue;
-        const Step& s = prog.ranks[r].lanes[l].steps[at[r][l].step];
+        const Step& s = prog_.ranks[r].lanes[l].steps[at[r][l].step];
         os << " [rank " << r << " lane " << l << " step " << at[r][l].step << " slice " << at[r][l].slice << " "
            << opcode_name(s.op);
         if (op_receives(s.op)) os << " waits for rank " << s.recv_peer;
@@ -684,7 +862,22 @@ std::string slice_walk(const Program& prog, int capacity, int k) {
       }
     return os.str();
   }
-}
+
+  struct LaneOf {
+    int32_t rank = 0, lane = 0;
+  };
+
+  const Program& prog_;
+  int capacity_, k_;
+  std::function<int(int, const ChunkRef&)> cell_;
+  std::vector<std::vector<int32_t>> lane_id_;  // per rank and lane: global lane id
+  std::vector<LaneOf> lane_at_;                // per global lane id
+  std::vector<int32_t> clock_index_;           // per global lane: its entry in the clocks, or -1
+  size_t nordered_ = 0;                        // lanes with an entry
+  std::vector<Clock> clocks_;                  // per global lane (empty: no order to check)
+  std::vector<int32_t> slot_of_cell_;          // per cell: its first slice in `accesses_`, or -1 (not shared)
+  std::vector<SliceAccesses> accesses_;        // k per shared cell
+};
 
 }  // namespace
 
@@ -693,7 +886,10 @@ VerifyResult verify(const Program& program, const VerifyOptions& options) {
   VerifyResult res = run.go();
   if (!res.ok) return res;
   // Messages of several slices: each chunk cut into capacity + 1, so a message never fits its connection whole.
-  if (std::string e = slice_walk(program, options.fifo_capacity, options.fifo_capacity + 1); !e.empty()) {
+  SliceWalk walk(
+      program, options.fifo_capacity, options.fifo_capacity + 1,
+      [&run](int r, const ChunkRef& ref) { return run.cell(r, ref); }, run.ncells());
+  if (std::string e = walk.run(&res.lanes_ordered); !e.empty()) {
     res.ok = false;
     res.error = std::move(e);
   }

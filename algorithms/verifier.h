@@ -15,6 +15,9 @@
 // compressed all-reduce or all-gather ends with the same bits (values decoded from the same codes or copied).
 // In-place mode aliases the input and output chunks the way the API does (e.g. all-gather's input is output
 // block r) and additionally proves that no input is read after it was overwritten.
+// A second walk cuts every message into slices as the executor does: it proves the absence of deadlock once
+// messages no longer fit a FIFO whole, and, with a vector clock per lane, that lanes of one rank which share a chunk
+// are ordered by messages wherever one writes what the other reads or writes.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +43,10 @@ struct VerifyResult {
   // output (0 for uncompressed programs). Quantize-once all-reduce: 2 for every contribution
   // (once on the way to the owner, once in the owner's result); the coded ring: 2 to N.
   int min_quantizations = 0, max_quantizations = 0;
+  // Lanes of one rank that share a chunk were proved ordered where they touch it (a chain of messages from each
+  // write to every later access by another lane). False when more than SliceWalk's bound of lanes (2048) share
+  // chunks and the check was skipped; everything else is still proved.
+  bool lanes_ordered = true;
 };
 
 VerifyResult verify(const Program& program, const VerifyOptions& options = {});

@@ -278,6 +278,44 @@ void prove_hierarchical(const std::vector<int>& per_host, int nch) {
   }
 }
 
+// Two ranks, two lanes each on channels 0 and 1. Rank 1's lane 0 reduces into its output while its lane 1 sends
+// that output: the message walk happens to run them in that order and finds the right sums, but nothing orders the
+// lanes, so the executor may send a slice before it is reduced.
+Program lanes_unordered() {
+  Program p;
+  p.coll = Coll::AllReduce;
+  p.algorithm = "test";
+  p.nranks = 2;
+  p.nchannels = 2;
+  p.ranks.resize(2);
+  for (RankProgram& rp : p.ranks) rp.input = rp.output = {1, 1};
+  p.ranks[0].lanes = {Lane{0, {send(1, in(0))}}, Lane{1, {recv(1, out(0))}}};
+  p.ranks[1].lanes = {Lane{0, {recv_reduce(0, in(0), out(0), true)}}, Lane{1, {send(0, out(0))}}};
+  return p;
+}
+
+TEST(VerifierLanes, LanesThatShareAChunkWithoutAMessageBetweenThemAreARace) {
+  VerifyResult res = verify(lanes_unordered(), {false, 2});
+  EXPECT_FALSE(res.ok);
+  EXPECT_NE(res.error.find("rank 1 lane 1 step 0 (send) reads output chunk 0"), std::string::npos) << res.error;
+  EXPECT_NE(res.error.find("that lane 0 step 0 (recv_reduce) wrote with nothing ordering the two"), std::string::npos)
+      << res.error;
+  // In place as well (there rank 0's lane 1 also overwrites the input its lane 0 sends).
+  res = verify(lanes_unordered(), {true, 2});
+  EXPECT_FALSE(res.ok);
+  EXPECT_NE(res.error.find("with nothing ordering the two"), std::string::npos) << res.error;
+}
+
+TEST(VerifierLanes, TheTreesWayDownIsOrderedAfterItsWayUpByTheRoot) {
+  // In place, the way down overwrites the input the way up read, in another lane: ordered through the root.
+  for (int n : {2, 3, 8, 13, 64})
+    for (int nch : {1, 2}) {
+      VerifyResult res = verify(tree_allreduce({n, 0, nch}), {true, 2});
+      ASSERT_TRUE(res.ok) << n << " ranks, " << nch << " channels: " << res.error;
+      EXPECT_TRUE(res.lanes_ordered);
+    }
+}
+
 TEST(Verifier, HierarchicalEveryHostShapeUpTo8x8) {
   for (int hosts = 1; hosts <= 8; ++hosts)
     for (int per = 1; per <= 8; ++per) prove_hierarchical(std::vector<int>(hosts, per), 1);
