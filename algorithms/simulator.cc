@@ -22,10 +22,11 @@ namespace {
 constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
 constexpr int kPeerCache = 3;  // per lane and direction
 
-// Elements of every chunk of one buffer of one rank: chunk c has part_elems[c % parts] elements (all blocks of a
-// uniform buffer have the same size, so a part's size does not depend on its block).
+// Elements of the chunks of one buffer of one rank: chunk c is part c % parts of its block, and part_prefix[p] (p
+// in [0, parts]) is the elements of parts [0, p) of a block (all blocks of a uniform buffer have the same size, so
+// a part's size does not depend on its block): a run of chunks costs O(1) to size.
 struct BufTable {
-  const size_t* part_elems = nullptr;
+  const size_t* part_prefix = nullptr;
   int32_t parts = 1;
   int32_t nchunks = 0;
 };
@@ -252,11 +253,13 @@ class Sim {
         if (bs.nblocks < 1) continue;
         layout.set_uniform(kind, nullptr, bs.nblocks, bs.block_elems, parts);
         auto [it, fresh] = tables_.try_emplace({bs.block_elems, parts});
+        std::vector<size_t>& prefix = it->second;
         if (fresh) {
-          it->second.resize(static_cast<size_t>(parts));
-          for (int32_t p = 0; p < parts; ++p) it->second[static_cast<size_t>(p)] = layout.chunk({kind, p}).elems;
+          prefix.assign(static_cast<size_t>(parts) + 1, 0);
+          for (int32_t p = 0; p < parts; ++p)
+            prefix[static_cast<size_t>(p) + 1] = prefix[static_cast<size_t>(p)] + layout.chunk({kind, p}).elems;
         }
-        bt.part_elems = it->second.data();
+        bt.part_prefix = prefix.data();
       }
       ranks_[static_cast<size_t>(r)].host = topo.ranks[static_cast<size_t>(r)].host;
     }
@@ -459,11 +462,12 @@ class Sim {
       internal(cat("rank ", ls.rank, " lane ", ls.lane, " step ", step, ": ", what, " chunk ", ref.chunk,
                    ref.count == 1 ? std::string() : cat(" (a run of ", ref.count, ")"), " out of range (", bt.nchunks,
                    " chunks)"));
-    const auto parts = static_cast<uint32_t>(bt.parts);
-    size_t e = 0;  // a run: the sum of its chunks (consecutive parts, wrapping into the next block)
-    for (uint32_t c = static_cast<uint32_t>(ref.chunk), end = c + static_cast<uint32_t>(ref.count); c < end; ++c)
-      e += bt.part_elems[c % parts];
-    return e;
+    // A run: whole blocks' worth of parts, then `rem` consecutive parts from `p0`, wrapping into the next block.
+    const auto parts = static_cast<size_t>(bt.parts), p0 = static_cast<size_t>(ref.chunk) % parts;
+    const size_t n = static_cast<size_t>(ref.count), rem = n % parts, end = p0 + rem;
+    const size_t* pre = bt.part_prefix;
+    const size_t tail = end <= parts ? pre[end] - pre[p0] : pre[parts] - pre[p0] + pre[end - parts];
+    return n / parts * pre[parts] + tail;
   }
 
   // Elements a step moves, as the executor counts them: its destination's, else its source's.
@@ -709,7 +713,7 @@ class Sim {
   std::vector<uint32_t>& dense_index_;
   EventQueue& queue_;
   std::vector<uint32_t>& work_;                                       // dataflow mode: lanes that may be able to run
-  std::map<std::pair<size_t, int32_t>, std::vector<size_t>> tables_;  // (block elems, parts) -> part elems
+  std::map<std::pair<size_t, int32_t>, std::vector<size_t>> tables_;  // (block elems, parts) -> part_prefix
   uint64_t channels_ = 1;
   std::unordered_map<uint64_t, uint32_t> fifo_index_;
   std::array<double, 256> cpu_inv_{};  // indexed by OpCode
