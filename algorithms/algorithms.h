@@ -88,6 +88,8 @@ Program hier_allreduce(const ProgramParams& p);
 Program hier_allreduce_direct(const ProgramParams& p);
 Program hier_allgather(const ProgramParams& p);
 Program hier_reduce_scatter(const ProgramParams& p);
+// hier_reduce_scatter whose messages between hosts carry one chunk each (for coded programs).
+Program hier_reduce_scatter_single_chunks(const ProgramParams& p);
 Program hier_alltoall(const ProgramParams& p);
 Program qonce_allreduce(const ProgramParams& p);       // two-level when the ranks span several hosts
 Program qonce_flat_allreduce(const ProgramParams& p);  // one level on any topology

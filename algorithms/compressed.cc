@@ -211,6 +211,8 @@ Program coded_between_hosts(const ProgramParams& p, Gen gen) {
 }  // namespace
 
 Program coded_hier_allreduce(const ProgramParams& p) { return coded_between_hosts(p, hier_allreduce); }
-Program coded_hier_reduce_scatter(const ProgramParams& p) { return coded_between_hosts(p, hier_reduce_scatter); }
+Program coded_hier_reduce_scatter(const ProgramParams& p) {
+  return coded_between_hosts(p, hier_reduce_scatter_single_chunks);
+}
 
 }  // namespace chorus::algo

@@ -8,10 +8,13 @@
 //  - all-reduce: ring reduce-scatter of every part inside each host towards its owner; ring all-reduce of each
 //    part among its owners across hosts (the part cut into H sub-parts); ring all-gather inside each host. Each
 //    host sends 2(H-1)/H of the data across the network, against 2(N-1)/N for a flat ring.
-//  - all-gather: ring all-gather inside each host; ring all-gather of part p of every host's blocks among the
-//    owners of p; each owner passes what it received along its host's ring.
-//  - reduce-scatter: the mirror: every block's part p reduced inside the host towards its owner, then across hosts
-//    along the owners' ring ending on the block's host, then handed to the block's rank.
+//  - all-gather and reduce-scatter move whole blocks (a block's parts as one run of chunks) along rails: rail j is
+//    the members of local index j (j mod m on a host of m < P ranks). All-gather: ring all-gather of every host's
+//    j-th block among rail j across hosts; then every block around its host's ring from the member that has it.
+//    Reduce-scatter, the mirror: every block's inputs reduced around each host's ring towards the block's rail
+//    member, then the host sums reduced along the rail's ring across hosts, ending at the block's rank. Either
+//    moves N (H - 1 + N (m - 1) / m) messages, like a flat ring's N (N - 1), and each byte crosses the network
+//    once per host, as a flat ring's does.
 //  - all-to-all (two-level): a block for another host goes first to the member whose local index matches the
 //    destination's (mod the host size), which forwards it across hosts, so every rank talks to its host and to one
 //    rank per other host instead of to every rank.
@@ -150,55 +153,48 @@ Program hier_allgather(const ProgramParams& prm) {
   }
   Builder b(prog, one_lane_per_channel(nch));
   for (int ch = 0; ch < nch; ++ch) {
-    auto oc = [&](int blk, int p) { return out(blk * nch * P + ch * P + p); };
-    // A block's P parts on this channel, as one run.
+    // A block's P parts on this channel, as one run: every step moves whole blocks.
     auto block_run = [&](int blk) { return out(blk * nch * P + ch * P, P); };
     for (int r = 0; r < n; ++r) b.add(r, ch, Key{0, 0, 0, 0, -1}, copy(in(ch * P, P), block_run(r), false));
-    // Inside each host: ring all-gather of the host's own blocks, each block one run (on one host this is the
-    // ring all-gather).
-    for (int h = 0; h < H; ++h) {
-      const int m = hs.m(h);
-      for (int x = 0; x < m; ++x) {
-        const int src = hs.members[h][x];
-        b.chain_bcast(ch, Key{0, 0, 0, 0, 0}, hs.ring(h, x, m), block_run(src), [&](int) { return block_run(src); });
-      }
-    }
-    if (H == 1) continue;
-    // Across hosts: the owners of part p pass part p of every host's j-th block around their ring.
-    for (int p = 0; p < P; ++p) {
-      for (int j = 0; j < P; ++j) {
-        for (int hsrc = 0; hsrc < H; ++hsrc) {
-          if (j >= hs.m(hsrc)) continue;
-          const int blk = hs.members[hsrc][j];
+    // Across hosts: rail j (the members of local index j; j mod m on a host of m < P) passes every host's j-th
+    // block around its ring.
+    if (H > 1)
+      for (int j = 0; j < P; ++j)
+        for (int hb = 0; hb < H; ++hb) {
+          if (j >= hs.m(hb)) continue;
+          const int blk = hs.members[hb][j];
           std::vector<int> path;
-          for (int i = 0; i < H; ++i) path.push_back(hs.owner((hsrc + i) % H, p));
-          b.chain_bcast(ch, Key{1, p, j, 0, 0}, path, oc(blk, p), [&](int) { return oc(blk, p); });
+          for (int i = 0; i < H; ++i) path.push_back(hs.owner((hb + i) % H, j));
+          b.chain_bcast(ch, Key{1, j, 0, 0, 0}, path, block_run(blk), [&](int) { return block_run(blk); });
         }
-      }
-    }
-    // Inside each host again: each owner hands on part p of every remote block.
+    // Inside each host: every block goes around the host's ring from the member that has it (its own rank, or
+    // the rail member that received it), in the order blocks arrive: this host's own, then those one host away...
+    // The k-th block a member starts is a ring all-gather round among the host's members.
     for (int h = 0; h < H; ++h) {
       const int m = hs.m(h);
-      for (int p = 0; p < P; ++p) {
-        const int o = p % m;
-        for (int blk = 0; blk < n; ++blk) {
-          if (hs.host[blk] == h) continue;
-          b.chain_bcast(ch, Key{2, hs.round(h, p), blk, 0, 0}, hs.ring(h, o, m), oc(blk, p),
-                        [&](int) { return oc(blk, p); });
+      std::vector<int> started(static_cast<size_t>(m), 0);
+      for (int d = 0; d < H; ++d) {
+        const int hb = (h - d + H) % H;
+        for (int j = 0; j < hs.m(hb); ++j) {
+          const int blk = hs.members[hb][j], x = j % m;
+          b.chain_bcast(ch, Key{2, started[static_cast<size_t>(x)]++, 0, 0, 0}, hs.ring(h, x, m), block_run(blk),
+                        [&](int) { return block_run(blk); });
         }
       }
     }
   }
-  // The owners' exchange reads single parts of blocks the host phase moved as runs: a phase apart.
-  b.finish(/*fence_phases=*/true);
+  b.finish();
   return prog;
 }
 
-Program hier_reduce_scatter(const ProgramParams& prm) {
+namespace {
+
+// `runs_between_hosts` false: the messages between hosts carry one chunk each (a block's parts one by one), as
+// coded programs need (a codec keys one chunk); the phases are then fenced, since the host phase writes runs.
+Program hier_reduce_scatter_impl(const ProgramParams& prm, bool runs_between_hosts) {
   const Hosts hs = hosts_of(prm);
   if (hs.H() == 1) {
-    // One host: the ring reduce-scatter. The general program below reduces every block's every part towards the
-    // part's owner and then hands it to the block's rank: N^2 (N - 1) messages on one host.
+    // One host: the ring reduce-scatter.
     Program ring = ring_reduce_scatter(prm);
     ring.algorithm = "hier";
     return ring;
@@ -208,49 +204,55 @@ Program hier_reduce_scatter(const ProgramParams& prm) {
   for (RankProgram& rp : prog.ranks) {
     rp.input = {n, nch * P};
     rp.output = {1, nch * P};
-    if (n > 1) rp.scratch = {n, nch * P};
+    rp.scratch = {n, nch * P};
   }
   Builder b(prog, one_lane_per_channel(nch));
   for (int ch = 0; ch < nch; ++ch) {
-    auto ic = [&](int blk, int p) { return in(blk * nch * P + ch * P + p); };
-    auto sc = [&](int blk, int p) { return scr(blk * nch * P + ch * P + p); };
-    auto oc = [&](int p) { return out(ch * P + p); };
-    if (n == 1) {
-      for (int p = 0; p < P; ++p) b.add(0, ch, Key{}, Step{OpCode::Copy, -1, -1, ic(0, p), oc(p), true});
-      continue;
-    }
-    // Inside each host: part p of every block reduced towards the host's owner of p (host sums in scratch).
+    auto in_run = [&](int blk) { return in(blk * nch * P + ch * P, P); };
+    auto scr_run = [&](int blk) { return scr(blk * nch * P + ch * P, P); };
+    // Inside each host: every block's inputs reduced along the host's ring towards the block's rail member, in
+    // the order the rails' rings across hosts need them: blocks of the previous host first, the host's own last.
     for (int h = 0; h < H; ++h) {
       const int m = hs.m(h);
-      for (int p = 0; p < P; ++p) {
-        const int o = p % m;
-        for (int blk = 0; blk < n; ++blk)
+      std::vector<int> ended(static_cast<size_t>(m), 0);
+      for (int i = 0; i < H; ++i) {
+        const int hb = (h - 1 - i + H) % H;
+        for (int j = 0; j < hs.m(hb); ++j) {
+          const int blk = hs.members[hb][j], x = j % m;
           b.chain_reduce(
-              ch, Key{0, hs.round(h, p), blk, 0, 0}, hs.ring(h, o + 1, m), [&](int) { return ic(blk, p); }, sc(blk, p),
-              false);
-      }
-    }
-    // Across hosts: block blk's part p travels the owners' ring and ends, complete, at its host's owner; then
-    // the owner hands it to the block's rank.
-    for (int p = 0; p < P; ++p) {
-      for (int blk = 0; blk < n; ++blk) {
-        const int hb = hs.host[blk], j = hs.local[blk];
-        std::vector<int> path;
-        for (int i = 1; i <= H; ++i) path.push_back(hs.owner((hb + i) % H, p));
-        const int last = path.back();
-        const ChunkRef dst = last == blk ? oc(p) : sc(blk, p);
-        b.chain_reduce(
-            ch, Key{1, p, j, 0, 0}, path, [&](int) { return sc(blk, p); }, dst, true);
-        if (last != blk) {
-          b.add(last, ch, Key{2, p, j, 0, 0}, send(blk, sc(blk, p)));
-          b.add(blk, ch, Key{2, p, j, 0, 0}, recv(last, oc(p)));
+              ch, Key{0, ended[static_cast<size_t>(x)]++, 0, 0, 0}, hs.ring(h, x + 1, m),
+              [&](int) { return in_run(blk); }, scr_run(blk), false);
         }
       }
     }
+    // Across hosts: rail j reduces every host's j-th block around its ring, from the next host on, ending at the
+    // block's rank with the host sum it holds.
+    for (int j = 0; j < P; ++j)
+      for (int hb = 0; hb < H; ++hb) {
+        if (j >= hs.m(hb)) continue;
+        const int blk = hs.members[hb][j];
+        std::vector<int> path;
+        for (int i = 1; i <= H; ++i) path.push_back(hs.owner((hb + i) % H, j));
+        if (runs_between_hosts) {
+          b.chain_reduce(
+              ch, Key{1, j, 0, 0, 0}, path, [&](int) { return scr_run(blk); }, out(ch * P, P), true);
+          continue;
+        }
+        for (int p = 0; p < P; ++p) {
+          const int c = blk * nch * P + ch * P + p;
+          b.chain_reduce(
+              ch, Key{1, j, p, 0, 0}, path, [&](int) { return scr(c); }, out(ch * P + p), true);
+        }
+      }
   }
-  b.finish();
+  b.finish(/*fence_phases=*/!runs_between_hosts);
   return prog;
 }
+
+}  // namespace
+
+Program hier_reduce_scatter(const ProgramParams& prm) { return hier_reduce_scatter_impl(prm, true); }
+Program hier_reduce_scatter_single_chunks(const ProgramParams& prm) { return hier_reduce_scatter_impl(prm, false); }
 
 Program hier_alltoall(const ProgramParams& prm) {
   Program prog = new_program(Coll::AllToAll, "hier", prm);

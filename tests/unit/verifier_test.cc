@@ -119,6 +119,22 @@ TEST(VerifierRuns, HierarchicalAllGatherAndReduceScatterOnOneHostAreRings) {
   }
 }
 
+// On several hosts they move whole blocks along rails. 4 hosts of 2: every block crosses 3 hosts (8 x 3), and each
+// host passes each of the 8 blocks one hop around its ring (4 x 8 x 1): 56. Per part (before) it was 112. The coded
+// reduce-scatter sends each of a block's 2 parts across hosts on its own: 32 + 48.
+TEST(VerifierRuns, HierarchicalAllGatherAndReduceScatterMoveWholeBlocksAlongRails) {
+  const std::vector<int> hosts = {0, 0, 1, 1, 2, 2, 3, 3};
+  EXPECT_EQ(verify(hier_allgather({8, 0, 1, hosts})).messages, 56);
+  EXPECT_EQ(verify(hier_reduce_scatter({8, 0, 1, hosts})).messages, 56);
+  EXPECT_EQ(verify(hier_reduce_scatter_single_chunks({8, 0, 1, hosts})).messages, 32 + 48);
+  // Uneven hosts (3 + 5; P = 5): the member of local index 0 on the smaller host is also rail 3's.
+  const std::vector<int> uneven = {0, 0, 0, 1, 1, 1, 1, 1};
+  for (bool in_place : {false, true}) {
+    EXPECT_TRUE(verify(hier_allgather({8, 0, 2, uneven}), {in_place, 2}).ok);
+    EXPECT_TRUE(verify(hier_reduce_scatter({8, 0, 2, uneven}), {in_place, 2}).ok);
+  }
+}
+
 TEST(VerifierRuns, AMessageAndTheStepTakingItMustCoverAsManyChunks) {
   Program prog = rhd_allreduce({4, 0, 1});
   // Rank 0's first round receives a run of two chunks: make the step take one.
