@@ -96,7 +96,7 @@ typedef enum {
 } chorusRedOp_t;
 
 typedef enum {
-  chorusScalarDevice = 0,        /* scalar lives in device memory (needs CUDA) */
+  chorusScalarDevice = 0,        /* scalar in device memory: not supported (chorusNotSupported) in any build */
   chorusScalarHostImmediate = 1, /* scalar is read from host memory when the op is created */
   chorusMinScalarResidence = -0x7fffffff - 1,
   chorusMaxScalarResidence = 0x7fffffff

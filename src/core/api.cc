@@ -289,7 +289,10 @@ using namespace chorus;
 extern "C" {
 
 chorusResult_t chorusGetVersion(int* version) {
-  if (version == nullptr) return chorusInvalidArgument;
+  if (version == nullptr) {
+    set_error(nullptr, "version is NULL");
+    return chorusInvalidArgument;
+  }
   *version = CHORUS_VERSION_CODE;
   return chorusSuccess;
 }
@@ -378,7 +381,8 @@ chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm
 }
 
 chorusResult_t chorusCommDestroy(chorusComm_t comm) {
-  return noted_in_group(guarded(nullptr, [&] {
+  // A retired handle stays allocated (retire), so its error text can be set even after a failed second destroy.
+  return noted_in_group(guarded(comm, [&] {
     const Live use(comm);
     refuse_in_group("chorusCommDestroy");
     {
@@ -393,7 +397,7 @@ chorusResult_t chorusCommDestroy(chorusComm_t comm) {
 }
 
 chorusResult_t chorusCommAbort(chorusComm_t comm) {
-  return guarded(nullptr, [&] {
+  return guarded(comm, [&] {
     const Live use(comm);
     CommImpl& c = *use;
     c.abort();
@@ -437,7 +441,9 @@ chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, choru
     CommImpl& c = *use;
     if (op == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "op is NULL");
     if (residence == chorusScalarDevice)
-      throw Error(chorusNotSupported, Subsys::Core, "residence=chorusScalarDevice needs a CUDA build");
+      throw Error(chorusNotSupported, Subsys::Core,
+                  "residence=chorusScalarDevice is not supported (in any build): pass the scalar's value with "
+                  "chorusScalarHostImmediate");
     if (residence != chorusScalarHostImmediate)
       throw Error(chorusInvalidArgument, Subsys::Core, cat("residence=", static_cast<int>(residence), " is invalid"));
     CommImpl::Guard guard(c);
@@ -627,8 +633,10 @@ chorusResult_t alltoallv_args(CollArgs& a, chorusComm* comm, const void* sendbuf
     const Live use(comm);
     CommImpl& c = *use;
     size_t n = static_cast<size_t>(c.nranks());
-    if (!sendcounts || !sdispls || !recvcounts || !rdispls)
-      throw Error(chorusInvalidArgument, Subsys::Core, "sendcounts, sdispls, recvcounts and rdispls must not be NULL");
+    const std::pair<const size_t*, const char*> arrays[] = {
+        {sendcounts, "sendcounts"}, {sdispls, "sdispls"}, {recvcounts, "recvcounts"}, {rdispls, "rdispls"}};
+    for (const auto& [array, name] : arrays)
+      if (array == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, cat(name, " is NULL"));
     a.coll = algo::Coll::AllToAllv;
     a.send = sendbuff;
     a.recv = recvbuff;
@@ -707,10 +715,17 @@ chorusResult_t chorusGroupEnd(void) {
     });
     p.issued = p.result != chorusSuccess;
   }
-  // The first communicator's error, else the first call refused when it was made (the others ran without it).
+  // The first communicator's error, else the first call refused when it was made (the others ran without it). The
+  // thread's error text is the one of the error returned, whichever communicator failed last.
   auto first_error = [&] {
     for (const Program& p : programs)
-      if (p.result != chorusSuccess) return p.result;
+      if (p.result != chorusSuccess) {
+        if (p.comm != nullptr) {
+          std::lock_guard<std::mutex> lock(p.comm->err_mu);
+          t_last_error = p.comm->last_error;
+        }
+        return p.result;
+      }
     if (refused != chorusSuccess)
       set_error(nullptr,
                 cat("chorusGroupEnd: the group ran without a call it refused when it was made: ", refused_text));

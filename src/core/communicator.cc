@@ -353,14 +353,15 @@ void CommImpl::validate(CollArgs& a) const {
         bad_arg("sendcounts, sdispls, recvcounts and rdispls must be non-NULL arrays of nranks entries");
       bool any_send = false, any_recv = false;
       for (int i = 0; i < n; ++i) {
-        checked_bytes(a.sendcounts[i], 1, a.dtype, "sendcounts[i]");
-        checked_bytes(a.recvcounts[i], 1, a.dtype, "recvcounts[i]");
+        checked_bytes(a.sendcounts[i], 1, a.dtype, cat("sendcounts[", i, "]").c_str());
+        checked_bytes(a.recvcounts[i], 1, a.dtype, cat("recvcounts[", i, "]").c_str());
         size_t send_end = 0, recv_end = 0;
-        if (__builtin_add_overflow(a.sdispls[i], a.sendcounts[i], &send_end) ||
-            __builtin_add_overflow(a.rdispls[i], a.recvcounts[i], &recv_end))
-          bad_arg(cat("sdispls/rdispls[", i, "] plus its count overflows"));
-        checked_bytes(send_end, 1, a.dtype, "sdispls[i] + sendcounts[i]");
-        checked_bytes(recv_end, 1, a.dtype, "rdispls[i] + recvcounts[i]");
+        if (__builtin_add_overflow(a.sdispls[i], a.sendcounts[i], &send_end))
+          bad_arg(cat("sdispls[", i, "] + sendcounts[", i, "] overflows"));
+        if (__builtin_add_overflow(a.rdispls[i], a.recvcounts[i], &recv_end))
+          bad_arg(cat("rdispls[", i, "] + recvcounts[", i, "] overflows"));
+        checked_bytes(send_end, 1, a.dtype, cat("sdispls[", i, "] + sendcounts[", i, "]").c_str());
+        checked_bytes(recv_end, 1, a.dtype, cat("rdispls[", i, "] + recvcounts[", i, "]").c_str());
         any_send |= a.sendcounts[i] > 0;
         any_recv |= a.recvcounts[i] > 0;
       }

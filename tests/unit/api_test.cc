@@ -305,6 +305,38 @@ TEST(BadInput, TimeoutsBeyondTheClockAreNeverAndYieldOutOfRangeIsRefused) {
       << chorusGetLastError(nullptr);
 }
 
+TEST(BadInput, EveryNullArgumentIsNamed) {
+  EXPECT_EQ(chorusGetVersion(nullptr), chorusInvalidArgument);
+  EXPECT_EQ(std::string(chorusGetLastError(nullptr)), "version is NULL");
+  // All-to-allv: the array that is NULL, and the entry whose end overflows.
+  size_t counts[2] = {1, 1}, displs[2] = {0, 1};
+  expect_bad(
+      [&](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        return chorusAllToAllv(in.data(), counts, displs, out.data(), counts, nullptr, chorusFloat32, c, nullptr);
+      },
+      chorusInvalidArgument, "rdispls is NULL");
+  expect_bad(
+      [&](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        size_t far[2] = {0, std::numeric_limits<size_t>::max()};
+        return chorusAllToAllv(in.data(), counts, displs, out.data(), counts, far, chorusFloat32, c, nullptr);
+      },
+      chorusInvalidArgument, "rdispls[1] + recvcounts[1] overflows");
+  expect_bad(
+      [&](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        size_t huge[2] = {1, std::numeric_limits<size_t>::max() / 2};
+        return chorusAllToAllv(in.data(), huge, displs, out.data(), counts, displs, chorusFloat32, c, nullptr);
+      },
+      chorusInvalidArgument, "sendcounts[1]=");
+  // A device-resident scalar is refused in every build, saying what to use instead.
+  expect_bad(
+      [&](int, chorusComm_t c, Guarded&, Guarded&) {
+        float scalar = 2.0f;
+        chorusRedOp_t op;
+        return chorusRedOpCreatePreMulSum(&op, &scalar, chorusFloat32, chorusScalarDevice, c);
+      },
+      chorusNotSupported, "pass the scalar's value with chorusScalarHostImmediate");
+}
+
 TEST(BadInput, NullCommunicator) {
   float v = 0;
   EXPECT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, nullptr, nullptr), chorusInvalidArgument);
@@ -790,6 +822,31 @@ TEST(PointToPoint, AGroupSpanningTwoCommunicatorsReportsEachOnesError) {
   });
 }
 
+TEST(PointToPoint, AGroupWhoseTwoCommunicatorsFailReportsTheTextOfTheErrorItReturns) {
+  // `b` fails first (a send to itself without a receive, found before anything runs), then `a` fails while it runs
+  // (rank 1 takes twice what rank 0 sends). chorusGroupEnd returns b's code: the thread's error text is b's too.
+  World w(2);
+  w.run([&](int r, chorusComm_t a) {
+    chorusComm_t b = nullptr;
+    ASSERT_EQ(chorusCommSplit(a, 0, r, &b), chorusSuccess) << chorusGetLastError(a);
+    int64_t buf[2] = {1, 2}, self = 3;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusSend(&self, 1, chorusInt64, r, b, nullptr), chorusSuccess);
+    if (r == 0)
+      ASSERT_EQ(chorusSend(buf, 1, chorusInt64, 1, a, nullptr), chorusSuccess);
+    else
+      ASSERT_EQ(chorusRecv(buf, 2, chorusInt64, 0, a, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
+    const std::string thread_text = chorusGetLastError(nullptr), b_text = chorusGetLastError(b);
+    EXPECT_EQ(thread_text, b_text);
+    EXPECT_NE(b_text.find("send(s) to itself but 0 receive(s)"), std::string::npos) << b_text;
+    if (r == 1) {
+      EXPECT_NE(std::string(chorusGetLastError(a)), b_text);  // a failed on its own
+    }
+    EXPECT_EQ(chorusCommDestroy(b), chorusSuccess);
+  });
+}
+
 TEST(PointToPoint, AGroupEndReturnsACallItRefusedAfterRunningTheOthers) {
   // A caller that checks only chorusGroupEnd (as NCCL code often does) learns of a call refused inside the group;
   // the group's other calls still ran, so the peer was not left waiting.
@@ -924,6 +981,11 @@ TEST(PointToPoint, CallsThatWouldWaitOrDropTheGroupAreRefusedInsideIt) {
     EXPECT_EQ(chorusCommDestroy(c), chorusInvalidUsage);
     EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("chorusCommDestroy inside a group"), std::string::npos)
         << chorusGetLastError(nullptr);
+    // The communicator's own error text has it too, with the rank.
+    EXPECT_EQ(
+        std::string(chorusGetLastError(c)).rfind("rank " + std::to_string(r) + ": chorusCommDestroy inside a group", 0),
+        0u)
+        << chorusGetLastError(c);
     chorusComm_t other = nullptr;
     EXPECT_EQ(chorusCommSplit(c, 0, r, &other), chorusInvalidUsage);
     EXPECT_EQ(other, nullptr);
@@ -931,9 +993,9 @@ TEST(PointToPoint, CallsThatWouldWaitOrDropTheGroupAreRefusedInsideIt) {
     EXPECT_EQ(chorusCommCount(c, &n), chorusSuccess);  // a query is fine
     // The group's calls run; its end returns the first refusal too.
     EXPECT_EQ(chorusGroupEnd(), chorusInvalidUsage);
-    EXPECT_NE(
-        std::string(chorusGetLastError(nullptr)).find("refused when it was made: chorusCommDestroy inside a group"),
-        std::string::npos)
+    EXPECT_NE(std::string(chorusGetLastError(nullptr))
+                  .find("refused when it was made: rank " + std::to_string(r) + ": chorusCommDestroy inside a group"),
+              std::string::npos)
         << chorusGetLastError(nullptr);
     EXPECT_EQ(theirs, 10 + (1 - r));
   });
