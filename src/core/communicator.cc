@@ -848,9 +848,25 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   // A timeout of a collective names the peer waited for, which may itself be waiting: ask every rank how far it is.
   if (!aborted_ && e.code() == chorusTimeout && (hdr.seq >> 63) == 0 && hdr.seq != 0 && !bootstrap_->failed())
     text += diagnose_timeout(&hdr);
+  // A peer that destroyed its communicator before this collective closed its connections on the way out: the
+  // symptom here (over tcp, a connection closed by the peer) has that cause, which its goodbye note tells.
+  auto departed = [&]() -> std::optional<std::pair<int, uint64_t>> {
+    if ((hdr.seq >> 63) != 0 || hdr.seq == 0) return std::nullopt;  // point-to-point: not sequenced
+    for (const auto& [peer, last] : leave_notes())
+      if (last < hdr.seq) return std::make_pair(peer, last);
+    return std::nullopt;
+  };
   if (!aborted_ && symptom) {
     Deadline grace = Deadline::after_ms(std::min<int64_t>(1000, timeout_ms_));
-    while (!bootstrap_->failed() && !grace.passed()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while (!bootstrap_->failed() && !departed() && !grace.passed())
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (const auto gone = departed(); gone && !bootstrap_->failed()) {
+      Error remote(chorusRemoteError, Subsys::Core,
+                   cat(what, ": rank ", gone->first, " destroyed its communicator after its collective #", gone->second,
+                       ", so it takes no part in ", describe_header(hdr), " (seen here as: ", text, ")"));
+      fail(remote);
+      throw remote;
+    }
   }
   if (bootstrap_->failed() && text.find("peer failure") == std::string::npos) {
     PeerFailure f = bootstrap_->failure();

@@ -1271,7 +1271,8 @@ void with_own_communicators(int n, const std::function<void(int, chorusComm_t)>&
   for (auto& t : threads) t.join();
 }
 
-TEST(Faults, APeerThatDestroyedItsCommunicatorIsNamedNotWaitedFor) {
+// Rank 3 leaves after its first collective, while the others go on to a second of `count` floats.
+void expect_departed_peer_named(size_t count) {
   ScopedEnv timeout("CHORUS_TIMEOUT_MS", "30000");
   const int n = 4;
   std::vector<std::string> errors(n);
@@ -1279,11 +1280,11 @@ TEST(Faults, APeerThatDestroyedItsCommunicatorIsNamedNotWaitedFor) {
   with_own_communicators(n, [&](int r, chorusComm_t c) {
     float x = 1.0f;
     ASSERT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
-    if (r == 3) {  // leaves after its first collective, while the others go on to a second
+    if (r == 3) {
       ASSERT_EQ(chorusCommDestroy(c), chorusSuccess);
       return;
     }
-    std::vector<float> v(100000, 1.0f);
+    std::vector<float> v(count, 1.0f);
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr), chorusRemoteError);
     seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1295,6 +1296,16 @@ TEST(Faults, APeerThatDestroyedItsCommunicatorIsNamedNotWaitedFor) {
         << "rank " << r << ": " << errors[r];
     EXPECT_LT(seconds[r], 10.0) << "rank " << r;
   }
+}
+
+TEST(Faults, APeerThatDestroyedItsCommunicatorIsNamedNotWaitedFor) { expect_departed_peer_named(100000); }
+
+// Over tcp the first collective connected the ring, and a one-element all-reduce reads the departed peer's closed
+// socket before anything else: that close is its goodbye, not a death (a trial found "process died or aborted").
+TEST(Faults, APeerThatDestroyedItsCommunicatorIsNamedOverTcpToo) {
+  ScopedEnv transports("CHORUS_TRANSPORTS", "tcp");
+  expect_departed_peer_named(1);
+  expect_departed_peer_named(100000);
 }
 
 TEST(Faults, PeersThatFinishedAndLeftDoNotFailTheOthers) {
