@@ -66,6 +66,7 @@ std::vector<std::byte> PeerInfo::serialize() const {
   w.str(host_id);
   w.u64(process_token);
   w.u64(static_cast<uint64_t>(pid));
+  w.u64(hosts_root ? 1 : 0);
   w.str(tcp_addr);
   w.str(settings);
   w.u64(transport_caps.size());
@@ -83,6 +84,7 @@ PeerInfo PeerInfo::deserialize(const std::vector<std::byte>& blob) {
   p.host_id = r.str();
   p.process_token = r.u64();
   p.pid = static_cast<int>(r.u64());
+  p.hosts_root = r.u64() != 0;
   p.tcp_addr = r.str();
   p.settings = r.str();
   const uint64_t ncaps = r.u64();

@@ -95,8 +95,9 @@ struct PeerInfo {
   std::string host_id;         // boot id + network namespace + hostname: equal iff same (emulated) host
   uint64_t process_token = 0;  // random per process: equal (with host_id) iff same process
   int pid = 0;
-  std::string tcp_addr;  // "ip:port" of this rank's tcp listener
-  std::string settings;  // CHORUS_* settings that must agree on every rank (checked at init)
+  bool hosts_root = false;  // this rank's process runs the communicator's bootstrap root
+  std::string tcp_addr;     // "ip:port" of this rank's tcp listener
+  std::string settings;     // CHORUS_* settings that must agree on every rank (checked at init)
   // What each transport found on this rank that peers need to decide whether it can reach it (transport name ->
   // short text, e.g. ucx -> "shm,net"); filled by Transport::describe().
   std::map<std::string, std::string> transport_caps;

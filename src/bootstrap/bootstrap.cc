@@ -312,7 +312,10 @@ class RootBootstrap final : public Bootstrap {
             std::string text = cat("the bootstrap root (", root_text_, ") closed the connection");
             if (!why.empty()) text += cat(": ", why);
             CHORUS_WARN(Bootstrap, "rank %d: %s", rank_, text.c_str());
-            set_failure_locked(0, std::move(text));
+            if (!failed_.load(std::memory_order_relaxed)) {
+              set_failure_locked(0, std::move(text));
+              failure_.root_lost = true;
+            }
           }
           service_done_ = true;
         }

@@ -29,6 +29,9 @@ using Blob = std::vector<std::byte>;
 struct PeerFailure {
   int rank = -1;     // the rank that failed or reported the failure
   std::string text;  // what happened, as reported (already names the rank)
+  // The connection to the root closed: the root's process is gone (rank 0 by convention; the communicator knows
+  // which rank's process hosted it from the peers' info).
+  bool root_lost = false;
 };
 
 class Bootstrap {

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -154,6 +155,7 @@ struct Registry {
   // (root_closed_here). The most recent kMaxClosed only, oldest first in `closed_order`.
   std::map<Secret, std::string> closed;
   std::deque<Secret> closed_order;
+  std::multiset<Secret> serving;  // secrets of the services whose thread is running (root_serving_here)
 };
 constexpr size_t kMaxClosed = 4096;
 
@@ -908,11 +910,13 @@ sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& sec
   {
     std::lock_guard<std::mutex> lock(registry().mu);
     ++registry().running;
+    registry().serving.insert(secret);
   }
-  std::thread([service] {
+  std::thread([service, secret] {
     service->run();
     std::lock_guard<std::mutex> lock(registry().mu);
     --registry().running;
+    registry().serving.erase(registry().serving.find(secret));
   }).detach();
   CHORUS_INFO(Bootstrap, "root service listening on %s", sockaddr_to_string(bound).c_str());
   return bound;
@@ -922,6 +926,11 @@ std::string root_closed_here(const Secret& secret) {
   std::lock_guard<std::mutex> lock(registry().mu);
   const auto it = registry().closed.find(secret);
   return it == registry().closed.end() ? std::string() : it->second;
+}
+
+bool root_serving_here(const Secret& secret) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  return registry().serving.count(secret) > 0;
 }
 
 int root_services_running() {

@@ -101,6 +101,10 @@ sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& sec
 // Root services whose thread is still running in this process (for tests and diagnostics). Thread-safe.
 int root_services_running();
 
+// True while a root service with `secret` runs in this process: the rank that says so in its peer info names the
+// process whose death takes the root (and every rank's control plane) with it. Thread-safe.
+bool root_serving_here(const Secret& secret);
+
 // When this process served the rendezvous of the unique id with `secret` (RootOptions::one_rendezvous) and nobody can
 // join it any more (its ranks all joined, it failed, or its service stopped): what happened, for a join that
 // reuses the id. Empty otherwise (another process's id, a launcher's secret, or one still gathering; only the most

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "algorithms/algorithms.h"
+#include "bootstrap/root.h"
 #include "core/config.h"
 #include "core/dtype.h"
 #include "core/log.h"
@@ -144,6 +145,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
   }
   if (transports_.empty()) bad_arg("CHORUS_TRANSPORTS lists no transport");
   PeerInfo self = local_peer_info(rank);
+  self.hosts_root = root_serving_here(id.secret);
   for (auto& t : transports_) {
     t->describe(self);
     const std::string why = t->unavailable_reason();
@@ -500,13 +502,27 @@ void CommImpl::check_abort() const {
   if (aborted_.load(std::memory_order_relaxed))
     throw Error(chorusInvalidUsage, Subsys::Core, cat("rank ", rank_, ": communicator was aborted"));
   if (bootstrap_->failed()) {
-    PeerFailure f = bootstrap_->failure();
-    // Name the rank even when the text does not (a lost root connection: rank 0's process, under launchers).
+    PeerFailure f = peer_failure();
+    // Name the rank even when the text does not.
     std::string who = f.rank >= 0 && f.text.find(cat("rank ", f.rank)) == std::string::npos
                           ? cat("rank ", f.rank, " is gone: ")
                           : std::string();
     throw Error(chorusRemoteError, Subsys::Core, cat("rank ", rank_, ": peer failure: ", who, f.text));
   }
+}
+
+PeerFailure CommImpl::peer_failure() const {
+  PeerFailure f = bootstrap_->failure();
+  if (!f.root_lost) return f;
+  // The root's connection closed: its process is gone. Name the rank whose process hosted it, if one did.
+  f.rank = -1;
+  for (const PeerInfo& p : peers_)
+    if (p.hosts_root && p.rank != rank_) {
+      f.rank = p.rank;
+      f.text = cat("rank ", p.rank, " is gone (its process hosted the bootstrap root): ", f.text);
+      break;
+    }
+  return f;
 }
 
 void CommImpl::fail(const Error& e) {
@@ -522,7 +538,7 @@ void CommImpl::fail(const Error& e) {
 chorusResult_t CommImpl::async_error(std::string* text) const {
   std::lock_guard<std::mutex> lock(err_mu_);
   if (broken_ == chorusSuccess && bootstrap_->failed()) {
-    if (text) *text = bootstrap_->failure().text;
+    if (text) *text = peer_failure().text;
     return chorusRemoteError;
   }
   if (text) *text = broken_text_;
@@ -562,7 +578,7 @@ void CommImpl::abort() {
 
 std::string CommImpl::stop_reason() const {
   if (aborted_.load(std::memory_order_acquire)) return "communicator was aborted";
-  if (bootstrap_ != nullptr && bootstrap_->failed()) return bootstrap_->failure().text;
+  if (bootstrap_ != nullptr && bootstrap_->failed()) return peer_failure().text;
   return std::string();
 }
 
@@ -869,7 +885,7 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
     }
   }
   if (bootstrap_->failed() && text.find("peer failure") == std::string::npos) {
-    PeerFailure f = bootstrap_->failure();
+    PeerFailure f = peer_failure();
     if (f.rank != rank_) {
       Error remote(chorusRemoteError, Subsys::Core,
                    cat(what, ": peer failure: ", f.text, " (seen here as: ", text, ")"));

@@ -201,6 +201,8 @@ class CommImpl {
   // relay a message to a rank that has left).
   void check_gone_past(int peer, const WireHeader& call) const;
   void fail(const Error& e);
+  // The bootstrap's failure, naming the rank whose process hosted the root when the root's connection closed.
+  PeerFailure peer_failure() const;
   void worker_loop();
 
   int rank_ = 0, nranks_ = 0;

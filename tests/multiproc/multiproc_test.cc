@@ -80,6 +80,15 @@ TEST_P(Fault, KilledRankIsNamedByTheOthersAndLauncherFails) {
   EXPECT_EQ(count_of(r.out, "kill: error names rank 2"), 3) << r.out;
 }
 
+// Rank 0's process hosts the bootstrap root (chorusrun): its death closes every rank's control connection too, and
+// over tcp that was all the others said ("the bootstrap root closed the connection"), without naming rank 0.
+TEST_P(Fault, KilledRankHostingTheRootIsNamedByTheOthers) {
+  Result r = run(launch(4, GetParam(), "kill-root"));
+  if (const std::string why = unavailable(r); !why.empty()) GTEST_SKIP() << "cannot run here: " << why;
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "kill: error names rank 0"), 3) << r.out;
+}
+
 TEST_P(Fault, MismatchedCountIsReportedEverywhereWithBothFingerprints) {
   Result r = run(launch(4, GetParam(), "mismatch-count"));
   if (const std::string why = unavailable(r); !why.empty()) GTEST_SKIP() << "cannot run here: " << why;
