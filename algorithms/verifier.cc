@@ -638,6 +638,8 @@ namespace {
 // see a fence that makes one side wait for the whole of a message while the other waits for the first slice of the
 // answer; this walk can.
 //
+// `k` 0: one slice per step, whatever its run (messages smaller than a slice).
+//
 // It also proves that lanes of one rank that share a chunk are ordered where they touch it. Lanes run concurrently,
 // so a slice that one lane writes and another reads or writes needs a chain of messages from the first access to
 // the second (in place, the tree all-reduce's way down overwrites what its way up read, after the root answered).
@@ -646,6 +648,9 @@ namespace {
 // each lane that shares a chunk with another lane of its rank, and checks every access to a slice of such a chunk
 // against the last write and the reads since. Messages match in a fixed order (the k-th sent is the k-th received),
 // so the order found holds in every run of the program. A sender waiting for FIFO space is not counted as ordering.
+// Within a lane's phase, slice s of a later step follows slice s of an earlier one only, so which accesses are
+// ordered depends on how many slices each step has: verify() runs the check with several slices per chunk and with
+// one per step (a program ordered only by a slice that small messages do not have is caught by the second).
 class SliceWalk {
  public:
   // `cell(r, ref)` is the storage cell of one chunk of rank r (in place, aliases share one), of `ncells` in all.
@@ -664,7 +669,7 @@ class SliceWalk {
 
   // Lanes with a clock entry above which the order check is skipped: it costs (lanes with an entry) x (slices
   // received) time, and as much memory per slice in flight.
-  static constexpr size_t kMaxOrderedLanes = 2048;
+  static constexpr size_t kMaxOrderedLanes = 4096;
 
   // "" or the deadlock or unordered access found. `*lanes_ordered` is false when the order check was skipped.
   std::string run(bool* lanes_ordered) {
@@ -732,7 +737,7 @@ class SliceWalk {
 
   size_t slices(const Step& s) const {
     const int32_t count = op_writes_dst(s.op) ? s.dst.count : op_reads_src(s.op) ? s.src.count : 1;
-    return static_cast<size_t>(std::max(1, count)) * static_cast<size_t>(k_);
+    return k_ == 0 ? 1 : static_cast<size_t>(std::max(1, count)) * static_cast<size_t>(k_);
   }
 
   // What a step reads and writes: f(run, writes).
@@ -777,7 +782,7 @@ class SliceWalk {
       if (clock_index_[lane] < 0) clock_index_[lane] = static_cast<int32_t>(nordered_++);
       if (slot_of_cell_[c] < 0) {
         slot_of_cell_[c] = static_cast<int32_t>(accesses_.size());
-        accesses_.resize(accesses_.size() + static_cast<size_t>(k_));
+        accesses_.resize(accesses_.size() + static_cast<size_t>(std::max(1, k_)));
       }
     });
   }
@@ -793,12 +798,21 @@ class SliceWalk {
     Clock& now = clocks_[id];
     ++now[static_cast<size_t>(mine)];
     const Access me{id, step, now[static_cast<size_t>(mine)]};
-    const int32_t chunk_in_run = static_cast<int32_t>(slice / static_cast<size_t>(k_));
-    const size_t sub = slice % static_cast<size_t>(k_);
+    // Several slices per chunk: this slice is part `sub` of one chunk of the run. One per step: the whole run.
+    const size_t k = static_cast<size_t>(k_);
+    const size_t sub = k == 0 ? 0 : slice % k;
     std::string error;
     for_each_access(s, [&](const ChunkRef& run, bool writes) {
-      if (!error.empty()) return;
-      const ChunkRef ref{run.buf, run.chunk + chunk_in_run, 1};
+      const int32_t first = k == 0 ? 0 : static_cast<int32_t>(slice / k), end = k == 0 ? run.count : first + 1;
+      for (int32_t i = first; i < end && error.empty(); ++i)
+        access_chunk(r, id, step, slice, s, me, now, ChunkRef{run.buf, run.chunk + i, 1}, sub, writes, error);
+    });
+    return error;
+  }
+
+  void access_chunk(int r, int32_t id, size_t step, size_t slice, const Step& s, const Access& me, const Clock& now,
+                    const ChunkRef& ref, size_t sub, bool writes, std::string& error) {
+    {
       const int c = cell_(r, ref);
       if (c < 0 || slot_of_cell_[c] < 0) return;
       SliceAccesses& sa = accesses_[static_cast<size_t>(slot_of_cell_[c]) + sub];
@@ -825,8 +839,7 @@ class SliceWalk {
         sa.reads.push_back(me);
       else
         *it = me;
-    });
-    return error;
+    }
   }
 
   std::string race(int r, int32_t id, size_t step, size_t slice, const Step& s, const ChunkRef& ref, bool writes,
@@ -837,8 +850,10 @@ class SliceWalk {
     std::ostringstream os;
     os << "rank " << r << " lane " << lane_at_[static_cast<size_t>(id)].lane << " step " << step << " ("
        << opcode_name(s.op) << ") " << (writes ? "writes " : "reads ") << kBuf[static_cast<int>(ref.buf)] << " chunk "
-       << ref.chunk << " (slice " << slice % static_cast<size_t>(k_) << " of " << k_ << ") that lane " << other_lane
-       << " step " << before.step << " (" << opcode_name(other.op) << ") " << (before_wrote ? "wrote" : "read")
+       << ref.chunk
+       << (k_ == 0 ? std::string(" (one slice per step)") : cat_slices(slice % static_cast<size_t>(k_), k_))
+       << " that lane " << other_lane << " step " << before.step << " (" << opcode_name(other.op) << ") "
+       << (before_wrote ? "wrote" : "read")
        << " with nothing ordering the two: lanes run concurrently, so a chain of messages must lead from one access "
           "to the other (or both belong in one lane)";
     return os.str();
@@ -846,7 +861,8 @@ class SliceWalk {
 
   std::string deadlock_report(const std::vector<std::vector<LaneAt>>& at) const {
     std::ostringstream os;
-    os << "deadlock once messages are cut into slices (" << k_ << " per chunk, " << capacity_
+    os << "deadlock once messages are cut into slices ("
+       << (k_ == 0 ? std::string("one per step") : std::to_string(k_) + " per chunk") << ", " << capacity_
        << " slices per connection):";
     int shown = 0;
     for (int r = 0; r < prog_.nranks && shown < 8; ++r)
@@ -861,6 +877,10 @@ class SliceWalk {
         ++shown;
       }
     return os.str();
+  }
+
+  static std::string cat_slices(size_t sub, int k) {
+    return " (slice " + std::to_string(sub) + " of " + std::to_string(k) + ")";
   }
 
   struct LaneOf {
@@ -881,17 +901,55 @@ class SliceWalk {
 
 }  // namespace
 
+namespace {
+
+// Two lanes of one rank that send to one peer on one channel (or receive from one) would put their messages on the
+// connection in an order set by timing, while the matching rule pairs them by position: "" or the first such pair.
+std::string shared_connection_end(const Program& prog) {
+  for (int r = 0; r < static_cast<int>(prog.ranks.size()); ++r) {
+    std::map<std::tuple<int, int, bool>, size_t> lane_of;  // (peer, channel, sends) -> lane
+    const std::vector<Lane>& lanes = prog.ranks[static_cast<size_t>(r)].lanes;
+    for (size_t l = 0; l < lanes.size(); ++l)
+      for (const Step& s : lanes[l].steps)
+        for (const bool sends : {false, true}) {
+          if (sends ? !op_sends(s.op) : !op_receives(s.op)) continue;
+          const int peer = sends ? s.send_peer : s.recv_peer;
+          const auto [it, fresh] = lane_of.emplace(std::make_tuple(peer, lanes[l].channel, sends), l);
+          if (fresh || it->second == l) continue;
+          std::ostringstream os;
+          os << "rank " << r << " lanes " << it->second << " and " << l << " both "
+             << (sends ? "send to" : "receive from") << " rank " << peer << " on channel " << lanes[l].channel
+             << ": their messages would meet the connection in an order set by timing (one lane per connection end)";
+          return os.str();
+        }
+  }
+  return "";
+}
+
+}  // namespace
+
 VerifyResult verify(const Program& program, const VerifyOptions& options) {
+  if (std::string e = shared_connection_end(program); !e.empty()) {
+    VerifyResult res;
+    res.error = std::move(e);
+    return res;
+  }
   Run run(program, options);
   VerifyResult res = run.go();
   if (!res.ok) return res;
-  // Messages of several slices: each chunk cut into capacity + 1, so a message never fits its connection whole.
-  SliceWalk walk(
-      program, options.fifo_capacity, options.fifo_capacity + 1,
-      [&run](int r, const ChunkRef& ref) { return run.cell(r, ref); }, run.ncells());
-  if (std::string e = walk.run(&res.lanes_ordered); !e.empty()) {
-    res.ok = false;
-    res.error = std::move(e);
+  // Messages of several slices (each chunk cut into capacity + 1, so a message never fits its connection whole),
+  // then of one slice per step (small messages), which orders the steps of a phase differently.
+  for (const int k : {options.fifo_capacity + 1, 0}) {
+    SliceWalk walk(
+        program, options.fifo_capacity, k, [&run](int r, const ChunkRef& ref) { return run.cell(r, ref); },
+        run.ncells());
+    bool ordered = true;
+    if (std::string e = walk.run(&ordered); !e.empty()) {
+      res.ok = false;
+      res.error = std::move(e);
+      return res;
+    }
+    res.lanes_ordered &= ordered;
   }
   return res;
 }

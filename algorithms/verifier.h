@@ -44,7 +44,7 @@ struct VerifyResult {
   // (once on the way to the owner, once in the owner's result); the coded ring: 2 to N.
   int min_quantizations = 0, max_quantizations = 0;
   // Lanes of one rank that share a chunk were proved ordered where they touch it (a chain of messages from each
-  // write to every later access by another lane). False when more than SliceWalk's bound of lanes (2048) share
+  // write to every later access by another lane). False when more than SliceWalk's bound of lanes (4096) share
   // chunks and the check was skipped; everything else is still proved.
   bool lanes_ordered = true;
 };

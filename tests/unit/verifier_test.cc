@@ -322,6 +322,56 @@ TEST(VerifierLanes, LanesThatShareAChunkWithoutAMessageBetweenThemAreARace) {
   EXPECT_NE(res.error.find("with nothing ordering the two"), std::string::npos) << res.error;
 }
 
+// Ordered only when messages have several slices. Rank 0's lane 0 sends a run of two chunks to rank 1 and, in
+// the same phase, receives output chunk 4 from rank 2; rank 1 bounces the run to rank 0's lane 1, which then (next
+// phase) copies output chunk 4. Cut into 3 slices per chunk, lane 0's receive ends before the run's 4th slice
+// leaves, so the copy follows it; with one slice per step (small messages) lane 0 sends the run whole and only then
+// waits for rank 2, and the copy may read chunk 4 before it lands (found by a review).
+Program ordered_by_slices_only() {
+  Program p;
+  p.coll = Coll::AllGather;
+  p.algorithm = "test";
+  p.nranks = 3;
+  p.nchannels = 2;
+  p.ranks.resize(3);
+  for (RankProgram& rp : p.ranks) {
+    rp.input = {1, 2};
+    rp.output = {3, 2};
+  }
+  p.ranks[0].scratch = {2, 2};
+  Step copy_after = copy(out(4), scr(2), false);
+  copy_after.fence = true;
+  const Step bounce{OpCode::RecvCopySend, 0, 0, {}, out(0, 2), false};
+  p.ranks[0].lanes = {
+      Lane{0, {send(1, in(0, 2)), recv(2, out(4))}}, Lane{0, {recv(1, scr(0, 2)), copy_after}},
+      Lane{1, {copy(in(0, 2), out(0, 2), false), recv(1, out(2, 2)), recv(2, out(5)), send(2, in(0, 2))}}};
+  p.ranks[1].lanes = {
+      Lane{0, {bounce}},
+      Lane{1, {copy(in(0, 2), out(2, 2), false), send(0, in(0, 2)), recv(2, out(4, 2)), send(2, in(0, 2))}}};
+  p.ranks[2].lanes = {Lane{0, {send(0, in(0))}}, Lane{1,
+                                                      {copy(in(0, 2), out(4, 2), false), send(0, in(1)),
+                                                       send(1, in(0, 2)), recv(0, out(0, 2)), recv(1, out(2, 2))}}};
+  return p;
+}
+
+TEST(VerifierLanes, AnOrderOnlySeveralSlicesGiveIsARaceForSmallMessages) {
+  VerifyResult res = verify(ordered_by_slices_only(), {false, 2});
+  EXPECT_FALSE(res.ok);
+  EXPECT_NE(res.error.find("rank 0 lane 1 step 1 (copy) reads output chunk 4 (one slice per step) that lane 0 step 1 "
+                           "(recv) wrote with nothing ordering the two"),
+            std::string::npos)
+      << res.error;
+}
+
+TEST(VerifierLanes, TwoLanesOnOneEndOfAConnectionAreAnError) {
+  // Which lane's message reaches the peer first would depend on timing; the matching rule pairs them by position.
+  Program p = lanes_unordered();
+  p.ranks[0].lanes[1] = Lane{0, {send(1, in(0))}};
+  VerifyResult res = verify(p, {false, 2});
+  EXPECT_FALSE(res.ok);
+  EXPECT_NE(res.error.find("rank 0 lanes 0 and 1 both send to rank 1 on channel 0"), std::string::npos) << res.error;
+}
+
 TEST(VerifierLanes, TheTreesWayDownIsOrderedAfterItsWayUpByTheRoot) {
   // In place, the way down overwrites the input the way up read, in another lane: ordered through the root.
   for (int n : {2, 3, 8, 13, 64})
@@ -330,6 +380,9 @@ TEST(VerifierLanes, TheTreesWayDownIsOrderedAfterItsWayUpByTheRoot) {
       ASSERT_TRUE(res.ok) << n << " ranks, " << nch << " channels: " << res.error;
       EXPECT_TRUE(res.lanes_ordered);
     }
+  // The bound: in place, up to 4 lanes per rank share chunks, and at most 4096 such lanes are checked.
+  EXPECT_TRUE(verify(tree_allreduce({1024, 0, 1}), {true, 2}).lanes_ordered);
+  EXPECT_FALSE(verify(tree_allreduce({2048, 0, 1}), {true, 2}).lanes_ordered);
 }
 
 TEST(Verifier, HierarchicalEveryHostShapeUpTo8x8) {
