@@ -698,6 +698,12 @@ chorusResult_t chorusGroupEnd(void) {
     bool ordered = false;             // stream-ordered (a stream or device buffers), else host
     bool issued = false;              // run, enqueued or submitted (or failed before)
     chorusResult_t result = chorusSuccess;
+    std::string error;  // the thread's error text when `result` was set (another call may replace it since)
+  };
+  // Sets a program's result from guarded(), which has just written the thread's error text on failure.
+  auto settle = [](Program& p, chorusResult_t r) {
+    p.result = r;
+    if (r != chorusSuccess) p.error = t_last_error;
   };
   std::vector<Program> programs;
   for (const GroupOp& first : ops) {
@@ -708,11 +714,11 @@ chorusResult_t chorusGroupEnd(void) {
     p.args.coll = algo::Coll::SendRecv;
     for (const GroupOp& g : ops)
       if (g.comm == first.comm) p.args.p2p.push_back(g.op);
-    p.result = guarded(p.comm, [&] {
-      const Live use(p.comm);
-      (*use).validate(p.args);  // the group as a whole: its sends to this rank against its receives from it
-      p.ordered = p.stream != nullptr || uses_device(p.args);
-    });
+    settle(p, guarded(p.comm, [&] {
+             const Live use(p.comm);
+             (*use).validate(p.args);  // the group as a whole: its sends to this rank against its receives from it
+             p.ordered = p.stream != nullptr || uses_device(p.args);
+           }));
     p.issued = p.result != chorusSuccess;
   }
   // The first communicator's error, else the first call refused when it was made (the others ran without it). The
@@ -720,10 +726,7 @@ chorusResult_t chorusGroupEnd(void) {
   auto first_error = [&] {
     for (const Program& p : programs)
       if (p.result != chorusSuccess) {
-        if (p.comm != nullptr) {
-          std::lock_guard<std::mutex> lock(p.comm->err_mu);
-          t_last_error = p.comm->last_error;
-        }
+        t_last_error = p.error;
         return p.result;
       }
     if (refused != chorusSuccess)
@@ -737,12 +740,12 @@ chorusResult_t chorusGroupEnd(void) {
   if (std::count_if(programs.begin(), programs.end(), [](const Program& p) { return !p.issued; }) <= 1) {
     for (Program& p : programs)
       if (!p.issued)
-        p.result = guarded(p.comm, [&] {
-          const Live use(p.comm);
-          CommImpl& c = *use;
-          CommImpl::Guard guard(c);
-          run(c, std::move(p.args), p.stream);
-        });
+        settle(p, guarded(p.comm, [&] {
+                 const Live use(p.comm);
+                 CommImpl& c = *use;
+                 CommImpl::Guard guard(c);
+                 run(c, std::move(p.args), p.stream);
+               }));
     return first_error();
   }
   // A communicator in use by this group end: another thread's call on it is refused (Guard), and a destroy waits
@@ -761,15 +764,15 @@ chorusResult_t chorusGroupEnd(void) {
     for (Program& p : programs) {
       if (p.issued || !p.ordered) continue;
       p.issued = true;
-      p.result = guarded(p.comm, [&] {
-        held.push_back(std::make_unique<Held>(p.comm));
-        calls.push_back(cuda_stream::Call{&*held.back()->use, std::move(p.args), p.stream, nullptr});
-        staged.push_back(&p);
-      });
+      settle(p, guarded(p.comm, [&] {
+               held.push_back(std::make_unique<Held>(p.comm));
+               calls.push_back(cuda_stream::Call{&*held.back()->use, std::move(p.args), p.stream, nullptr});
+               staged.push_back(&p);
+             }));
     }
     if (!calls.empty()) cuda_stream::enqueue_together(calls);
     for (size_t k = 0; k < calls.size(); ++k)
-      if (calls[k].error) staged[k]->result = guarded(staged[k]->comm, [&] { std::rethrow_exception(calls[k].error); });
+      if (calls[k].error) settle(*staged[k], guarded(staged[k]->comm, [&] { std::rethrow_exception(calls[k].error); }));
   }
 #endif
   struct Submitted {
@@ -781,11 +784,11 @@ chorusResult_t chorusGroupEnd(void) {
   for (Program& p : programs) {
     if (p.issued) continue;
     p.issued = true;
-    p.result = guarded(p.comm, [&] {
-      auto held = std::make_unique<Held>(p.comm);
-      auto req = (*held->use).submit(std::move(p.args));
-      submitted.push_back(Submitted{&p, std::move(held), std::move(req)});
-    });
+    settle(p, guarded(p.comm, [&] {
+             auto held = std::make_unique<Held>(p.comm);
+             auto req = (*held->use).submit(std::move(p.args));
+             submitted.push_back(Submitted{&p, std::move(held), std::move(req)});
+           }));
   }
   // Each communicator is let go as soon as its own program is done, whatever the order: an abort of one from
   // another thread must not wait for the others.
@@ -798,9 +801,9 @@ chorusResult_t chorusGroupEnd(void) {
       const chorusResult_t code = st.result;
       const std::string error = st.error;
       lock.unlock();
-      s.program->result = guarded(s.program->comm, [&] {
+      settle(*s.program, guarded(s.program->comm, [&] {
         if (code != chorusSuccess) throw Error(code, Subsys::Core, error);
-      });
+      }));
       s.held.reset();
       --left;
     }

@@ -847,6 +847,33 @@ TEST(PointToPoint, AGroupWhoseTwoCommunicatorsFailReportsTheTextOfTheErrorItRetu
   });
 }
 
+TEST(PointToPoint, AGroupKeepsItsErrorTextWhileAnotherThreadFailsACallOnTheSameCommunicator) {
+  // `b` fails validation at once; `a` then waits for rank 1, which comes 300 ms late. Meanwhile another thread of
+  // rank 0 makes a bad call on `b`, which rewrites b's error text: the group end still reports its own (review).
+  World w(2);
+  w.run([&](int r, chorusComm_t a) {
+    chorusComm_t b = nullptr;
+    ASSERT_EQ(chorusCommSplit(a, 0, r, &b), chorusSuccess) << chorusGetLastError(a);
+    int64_t mine = 5 + r, theirs = -1, self = 3;
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::thread meddler([&] {
+      if (r != 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      EXPECT_EQ(chorusCommCount(b, nullptr), chorusInvalidArgument);
+    });
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusSend(&self, 1, chorusInt64, r, b, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusSend(&mine, 1, chorusInt64, 1 - r, a, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusRecv(&theirs, 1, chorusInt64, 1 - r, a, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
+    meddler.join();
+    const std::string text = chorusGetLastError(nullptr);
+    EXPECT_NE(text.find("send(s) to itself but 0 receive(s)"), std::string::npos) << text;
+    EXPECT_EQ(theirs, 5 + (1 - r));
+    EXPECT_EQ(chorusCommDestroy(b), chorusSuccess);
+  });
+}
+
 TEST(PointToPoint, AGroupEndReturnsACallItRefusedAfterRunningTheOthers) {
   // A caller that checks only chorusGroupEnd (as NCCL code often does) learns of a call refused inside the group;
   // the group's other calls still ran, so the peer was not left waiting.
