@@ -15,6 +15,11 @@ std::unique_ptr<Transport> make_shm_transport();
 // so only a rank that died (or exited without destroying its communicator) before that leaves one behind. Returns
 // how many it removed. Never throws.
 int remove_shm_segments_of(int pid, const std::string& launch_id);
+// Unlinks the shm segments whose creator is no longer alive in this process's pid namespace, whatever launched it
+// (the creator's pid and pid namespace are part of the name). Every shm transport calls it as it starts, so a job
+// started by torchrun, mpirun or by hand removes what a rank of an earlier one left when it died. Returns how many
+// it removed. Never throws.
+int remove_shm_segments_of_dead_processes();
 std::unique_ptr<Transport> make_tcp_transport(const Secret& secret);
 // Built only with UCX (CHORUS_WITH_UCX) / libibverbs (CHORUS_WITH_IBVERBS); transport.cc stands in for them
 // otherwise. The probes say what the transport finds on this machine (chorus-info) and set *available.

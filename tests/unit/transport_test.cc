@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -57,6 +58,43 @@ TEST(Transports, ALaunchersCleanupRemovesOnlyTheSegmentsOfTheEndedRank) {
   EXPECT_EQ(remove_shm_segments_of(other, "1f2e"), 1);
   EXPECT_EQ(remove_shm_segments_of(gone, "1f2e"), 0);
   EXPECT_EQ(remove_shm_segments_of(gone, "9a9a"), 1);
+}
+
+// A job started without chorusrun (torchrun, mpirun, by hand) whose rank died before its peer mapped a segment
+// left it in /dev/shm for good (trial finding); the next shm transport on the host removes it: the name carries the
+// creator's pid and pid namespace. Segments of live processes, of other pid namespaces and of this process stay.
+TEST(Transports, SegmentsOfProcessesThatDiedAreRemovedByTheNextShmTransport) {
+  struct stat st {};
+  ASSERT_EQ(stat("/proc/self/ns/pid", &st), 0);
+  const std::string ns = std::to_string(st.st_ino), other_ns = std::to_string(st.st_ino + 1);
+  const std::string dead = "/chorus-4194305-0-" + ns + "-0-ab";  // above pid_max: no process has it
+  const std::string dead_launched = "/chorus-4194305-1f2e-" + ns + "-3-cd";
+  const std::vector<std::string> kept = {"/chorus-1-0-" + ns + "-0-ab",  // pid 1 is alive
+                                         "/chorus-" + std::to_string(getpid()) + "-0-" + ns + "-0-ab",  // this process
+                                         "/chorus-4194305-0-" + other_ns + "-0-ab",  // another pid namespace
+                                         "/chorus-4194305-0-7-ab"};                  // an older name (no namespace)
+  std::vector<std::string> all = kept;
+  all.push_back(dead);
+  all.push_back(dead_launched);
+  for (const std::string& n : all) {
+    const int fd = shm_open(n.c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << n;
+    close(fd);
+  }
+  EXPECT_EQ(remove_shm_segments_of_dead_processes(), 2);
+  for (const std::string& n : {dead, dead_launched}) EXPECT_LT(shm_open(n.c_str(), O_RDWR, 0600), 0) << n;
+  for (const std::string& n : kept) {
+    const int fd = shm_open(n.c_str(), O_RDWR, 0600);
+    EXPECT_GE(fd, 0) << n;
+    if (fd >= 0) close(fd);
+    shm_unlink(n.c_str());
+  }
+  // The transport does it as it starts.
+  const int fd = shm_open(dead.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  { auto shm = make_shm_transport(); }
+  EXPECT_LT(shm_open(dead.c_str(), O_RDWR, 0600), 0);
 }
 
 TEST(Transports, EveryNameIsKnownInPriorityOrderAndReported) {

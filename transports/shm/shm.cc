@@ -1,8 +1,11 @@
 // shm: processes on one host. The lower rank of a pair creates one POSIX shared-memory segment (mode 0600,
 // O_EXCL) holding a SlotFifo per direction and sends its name through the bootstrap; the higher rank maps it; once
-// both are connected the name is unlinked, so nothing is left in /dev/shm even if a process dies later.
+// both are connected the name is unlinked, so nothing is left in /dev/shm even if a process dies later. A process
+// that dies before its peer mapped a segment leaves it: chorusrun removes those of its ranks, and every shm
+// transport, as it starts, removes those whose creator is dead in its own pid namespace (any launcher).
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -46,9 +49,17 @@ std::shared_ptr<Mapping> map_segment(int fd, size_t bytes, const std::string& na
 }
 
 // The names of the segments process `pid` of launch `launch_id` creates start with this (remove_shm_segments_of
-// relies on it). Without a launch id, "0" stands in.
+// relies on it). Without a launch id, "0" stands in. The full name goes on with the creator's pid namespace (so a
+// process in the same namespace can tell whether the creator is alive), a counter and a random part:
+// /chorus-<pid>-<launch id>-<pid ns>-<counter>-<random>.
 std::string segment_prefix(int pid, const std::string& launch_id) {
   return cat("/chorus-", pid, "-", launch_id.empty() ? std::string("0") : launch_id, "-");
+}
+
+// The inode of this process's pid namespace (pids are meaningful only within one), or 0 when /proc cannot say.
+uint64_t pid_namespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
 // MemAvailable of /proc/meminfo in bytes, or 0 when it cannot be read.
@@ -74,7 +85,10 @@ std::string launch_id() {
 
 class ShmTransport : public Transport {
  public:
-  ShmTransport() : launch_id_(launch_id()) {}  // a bad CHORUS_LAUNCH_ID fails the init, naming it
+  ShmTransport() : launch_id_(launch_id()) {  // a bad CHORUS_LAUNCH_ID fails the init, naming it
+    if (const int n = remove_shm_segments_of_dead_processes(); n > 0)
+      CHORUS_INFO(Transport, "shm: removed %d segment(s) left in /dev/shm by processes that died", n);
+  }
   const char* name() const override { return "shm"; }
   bool can_connect(const PeerInfo& self, const PeerInfo& peer) const override { return self.host_id == peer.host_id; }
 
@@ -82,8 +96,8 @@ class ShmTransport : public Transport {
     if (s.rank > s.peer) return {};
     static std::atomic<uint64_t> counter{0};
     std::random_device rd;
-    std::string name =
-        cat(segment_prefix(getpid(), launch_id_), counter++, "-", std::hex, (uint64_t{rd()} << 32) | rd());
+    std::string name = cat(segment_prefix(getpid(), launch_id_), pid_namespace(), "-", counter++, "-", std::hex,
+                           (uint64_t{rd()} << 32) | rd());
     const size_t one = SlotFifo::region_bytes(s.slot_bytes, s.fifo_depth);
     // The segment is allocated in full below, and where /dev/shm is as large as memory (as on most hosts) a segment
     // that fits /dev/shm can still take the memory the processes need: the out-of-memory killer, not an error.
@@ -194,6 +208,30 @@ int remove_shm_segments_of(int pid, const std::string& launch_id) {
   std::vector<std::string> names;
   while (const dirent* e = readdir(dir))
     if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.push_back(e->d_name);
+  closedir(dir);
+  int removed = 0;
+  for (const std::string& n : names) removed += shm_unlink(("/" + n).c_str()) == 0 ? 1 : 0;
+  return removed;
+}
+
+int remove_shm_segments_of_dead_processes() {
+  const uint64_t ns = pid_namespace();
+  if (ns == 0) return 0;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  std::vector<std::string> names;
+  while (const dirent* e = readdir(dir)) {
+    int pid = 0;
+    unsigned long long their_ns = 0;
+    char launch[17] = {};
+    int end = 0;
+    if (std::sscanf(e->d_name, "chorus-%d-%16[0-9a-fA-F]-%llu-%n", &pid, launch, &their_ns, &end) != 3 || end == 0)
+      continue;
+    // Only a creator in this pid namespace that is gone (not merely another user's: EPERM means it exists).
+    if (their_ns != ns || pid <= 0 || pid == getpid()) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    names.push_back(e->d_name);
+  }
   closedir(dir);
   int removed = 0;
   for (const std::string& n : names) removed += shm_unlink(("/" + n).c_str()) == 0 ? 1 : 0;
