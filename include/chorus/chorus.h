@@ -78,6 +78,8 @@ typedef enum {
  * Reduction operators: values equal NCCL's ncclRedOp_t.
  *  - fp16, bf16 and fp8: each reduction step widens its operands to fp32, combines them and rounds the result to
  *    the type (nearest-even) once; values travel between ranks in the type, so a ring rounds once per hop.
+ *    A result beyond the type's range is infinity for fp16, bf16 and fp8 e5m2, and saturates to +-448 for fp8 e4m3,
+ *    which has no infinity (a sum of 8 x 448 is 448).
  *  - chorusMin and chorusMax propagate NaN: if any rank holds NaN, the result is NaN.
  *  - chorusAvg on floating types is the sum divided by nranks; on integer types it is the integer sum divided by
  *    nranks, truncated toward zero (C semantics), with the sum computed in the type (wrapping on overflow).
