@@ -297,13 +297,19 @@ void prove_hierarchical(const std::vector<int>& per_host, int nch) {
 // Two ranks, two lanes each on channels 0 and 1. Rank 1's lane 0 reduces into its output while its lane 1 sends
 // that output: the message walk happens to run them in that order and finds the right sums, but nothing orders the
 // lanes, so the executor may send a slice before it is reduced.
-Program lanes_unordered() {
+// An empty hand-written program of `nranks` ranks on two channels.
+Program test_program(Coll coll, int nranks) {
   Program p;
-  p.coll = Coll::AllReduce;
+  p.coll = coll;
   p.algorithm = "test";
-  p.nranks = 2;
+  p.nranks = nranks;
   p.nchannels = 2;
-  p.ranks.resize(2);
+  p.ranks.resize(static_cast<size_t>(nranks));
+  return p;
+}
+
+Program lanes_unordered() {
+  Program p = test_program(Coll::AllReduce, 2);
   for (RankProgram& rp : p.ranks) rp.input = rp.output = {1, 1};
   p.ranks[0].lanes = {Lane{0, {send(1, in(0))}}, Lane{1, {recv(1, out(0))}}};
   p.ranks[1].lanes = {Lane{0, {recv_reduce(0, in(0), out(0), true)}}, Lane{1, {send(0, out(0))}}};
@@ -328,12 +334,7 @@ TEST(VerifierLanes, LanesThatShareAChunkWithoutAMessageBetweenThemAreARace) {
 // leaves, so the copy follows it; with one slice per step (small messages) lane 0 sends the run whole and only then
 // waits for rank 2, and the copy may read chunk 4 before it lands (found by a review).
 Program ordered_by_slices_only() {
-  Program p;
-  p.coll = Coll::AllGather;
-  p.algorithm = "test";
-  p.nranks = 3;
-  p.nchannels = 2;
-  p.ranks.resize(3);
+  Program p = test_program(Coll::AllGather, 3);
   for (RankProgram& rp : p.ranks) {
     rp.input = {1, 2};
     rp.output = {3, 2};

@@ -200,42 +200,42 @@ class ShmTransport : public Transport {
 
 std::unique_ptr<Transport> make_shm_transport() { return std::make_unique<ShmTransport>(); }
 
-int remove_shm_segments_of(int pid, const std::string& launch_id) {
-  // shm_open names live in /dev/shm on Linux (glibc), without the leading '/'.
-  const std::string prefix = segment_prefix(pid, launch_id).substr(1);
+namespace {
+
+// Unlinks the shm segments whose name (in /dev/shm, without the leading '/', as glibc keeps shm_open names on
+// Linux) `match` accepts; returns how many it removed.
+template <class Match>
+int unlink_segments_if(Match match) {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return 0;
   std::vector<std::string> names;
   while (const dirent* e = readdir(dir))
-    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.push_back(e->d_name);
+    if (match(e->d_name)) names.push_back(e->d_name);
   closedir(dir);
   int removed = 0;
   for (const std::string& n : names) removed += shm_unlink(("/" + n).c_str()) == 0 ? 1 : 0;
   return removed;
 }
 
+}  // namespace
+
+int remove_shm_segments_of(int pid, const std::string& launch_id) {
+  const std::string prefix = segment_prefix(pid, launch_id).substr(1);
+  return unlink_segments_if([&](const char* name) { return std::strncmp(name, prefix.c_str(), prefix.size()) == 0; });
+}
+
 int remove_shm_segments_of_dead_processes() {
   const uint64_t ns = pid_namespace();
   if (ns == 0) return 0;
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return 0;
-  std::vector<std::string> names;
-  while (const dirent* e = readdir(dir)) {
-    int pid = 0;
+  return unlink_segments_if([&](const char* name) {
+    int pid = 0, end = 0;
     unsigned long long their_ns = 0;
     char launch[17] = {};
-    int end = 0;
-    if (std::sscanf(e->d_name, "chorus-%d-%16[0-9a-fA-F]-%llu-%n", &pid, launch, &their_ns, &end) != 3 || end == 0)
-      continue;
-    // Only a creator in this pid namespace that is gone (not merely another user's: EPERM means it exists).
-    if (their_ns != ns || pid <= 0 || pid == getpid()) continue;
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
-    names.push_back(e->d_name);
-  }
-  closedir(dir);
-  int removed = 0;
-  for (const std::string& n : names) removed += shm_unlink(("/" + n).c_str()) == 0 ? 1 : 0;
-  return removed;
+    if (std::sscanf(name, "chorus-%d-%16[0-9a-fA-F]-%llu-%n", &pid, launch, &their_ns, &end) != 3 || end == 0)
+      return false;
+    // Only a creator in this pid namespace that is gone (EPERM: it exists, another user's).
+    return their_ns == ns && pid > 0 && pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH;
+  });
 }
 
 }  // namespace chorus
