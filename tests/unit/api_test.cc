@@ -799,6 +799,14 @@ TEST(PointToPoint, AGroupSpanningTwoCommunicatorsRunsThemAtOnce) {
   });
 }
 
+// Starts a group whose first call sends from rank `r` to itself on `b` with no receive to match: chorusGroupEnd
+// finds it before anything runs ("send(s) to itself but 0 receive(s)"). The caller adds calls on other communicators.
+void start_group_failing_on(chorusComm_t b, int r) {
+  static const int64_t self = 3;
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  ASSERT_EQ(chorusSend(&self, 1, chorusInt64, r, b, nullptr), chorusSuccess);
+}
+
 TEST(PointToPoint, AGroupSpanningTwoCommunicatorsReportsEachOnesError) {
   // A bad group on `b` (a send to itself without a receive) fails before anything runs; the calls on `a` still run,
   // and the error is `b`'s.
@@ -806,9 +814,8 @@ TEST(PointToPoint, AGroupSpanningTwoCommunicatorsReportsEachOnesError) {
   w.run([&](int r, chorusComm_t a) {
     chorusComm_t b = nullptr;
     ASSERT_EQ(chorusCommSplit(a, 0, r, &b), chorusSuccess) << chorusGetLastError(a);
-    int64_t mine = 7 + r, theirs = -1, self = 3;
-    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
-    ASSERT_EQ(chorusSend(&self, 1, chorusInt64, r, b, nullptr), chorusSuccess);
+    int64_t mine = 7 + r, theirs = -1;
+    start_group_failing_on(b, r);
     ASSERT_EQ(chorusSend(&mine, 1, chorusInt64, 1 - r, a, nullptr), chorusSuccess);
     ASSERT_EQ(chorusRecv(&theirs, 1, chorusInt64, 1 - r, a, nullptr), chorusSuccess);
     EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
@@ -829,9 +836,8 @@ TEST(PointToPoint, AGroupWhoseTwoCommunicatorsFailReportsTheTextOfTheErrorItRetu
   w.run([&](int r, chorusComm_t a) {
     chorusComm_t b = nullptr;
     ASSERT_EQ(chorusCommSplit(a, 0, r, &b), chorusSuccess) << chorusGetLastError(a);
-    int64_t buf[2] = {1, 2}, self = 3;
-    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
-    ASSERT_EQ(chorusSend(&self, 1, chorusInt64, r, b, nullptr), chorusSuccess);
+    int64_t buf[2] = {1, 2};
+    start_group_failing_on(b, r);
     if (r == 0)
       ASSERT_EQ(chorusSend(buf, 1, chorusInt64, 1, a, nullptr), chorusSuccess);
     else
@@ -854,15 +860,14 @@ TEST(PointToPoint, AGroupKeepsItsErrorTextWhileAnotherThreadFailsACallOnTheSameC
   w.run([&](int r, chorusComm_t a) {
     chorusComm_t b = nullptr;
     ASSERT_EQ(chorusCommSplit(a, 0, r, &b), chorusSuccess) << chorusGetLastError(a);
-    int64_t mine = 5 + r, theirs = -1, self = 3;
+    int64_t mine = 5 + r, theirs = -1;
     if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     std::thread meddler([&] {
       if (r != 0) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       EXPECT_EQ(chorusCommCount(b, nullptr), chorusInvalidArgument);
     });
-    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
-    ASSERT_EQ(chorusSend(&self, 1, chorusInt64, r, b, nullptr), chorusSuccess);
+    start_group_failing_on(b, r);
     ASSERT_EQ(chorusSend(&mine, 1, chorusInt64, 1 - r, a, nullptr), chorusSuccess);
     ASSERT_EQ(chorusRecv(&theirs, 1, chorusInt64, 1 - r, a, nullptr), chorusSuccess);
     EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
