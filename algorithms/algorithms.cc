@@ -73,6 +73,16 @@ constexpr AlgorithmInfo kAlgorithms[] = {
     {22, Coll::AllToAll, "hier", "two-level: via the host member matching the destination's local index",
      hier_alltoall},
     {23, Coll::Barrier, "tree", "zero-byte double-binary-tree all-reduce: 2 log2(N) hops, for any N", tree_barrier},
+    {24, Coll::Gather, "linear", "every rank sends its block straight to the root: N-1 messages into the root",
+     linear_gather},
+    {25, Coll::Scatter, "linear", "the root sends each rank its block directly: N-1 messages out of the root",
+     linear_scatter},
+    {26, Coll::Gather, "binomial",
+     "binomial tree: each rank forwards its subtree's blocks as one message, ceil(log2 N) rounds (Chan et al. 2007)",
+     binomial_gather},
+    {27, Coll::Scatter, "binomial",
+     "binomial tree: each rank receives its subtree's blocks as one message, ceil(log2 N) rounds (Chan et al. 2007)",
+     binomial_scatter},
 };
 
 constexpr AlgorithmInfo kCompressed[] = {

@@ -91,6 +91,10 @@ Program hier_reduce_scatter(const ProgramParams& p);
 // hier_reduce_scatter whose messages between hosts carry one chunk each (for coded programs).
 Program hier_reduce_scatter_single_chunks(const ProgramParams& p);
 Program hier_alltoall(const ProgramParams& p);
+Program linear_gather(const ProgramParams& p);
+Program linear_scatter(const ProgramParams& p);
+Program binomial_gather(const ProgramParams& p);
+Program binomial_scatter(const ProgramParams& p);
 Program qonce_allreduce(const ProgramParams& p);       // two-level when the ranks span several hosts
 Program qonce_flat_allreduce(const ProgramParams& p);  // one level on any topology
 Program qonce_reduce_scatter(const ProgramParams& p);

@@ -29,6 +29,28 @@ inline Step recv_reduce(int peer, ChunkRef src, ChunkRef dst, bool final) {
   return Step{OpCode::RecvReduce, peer, -1, src, dst, final};
 }
 
+// Steps over the blocks [b0, b1) of a buffer whose chunk b * nch + ch is channel ch's part of block b:
+// `make(first chunk, chunks)` once for the whole run with one channel (consecutive blocks are consecutive chunks)
+// unless `per_block`, else once per block.
+template <class Make>
+inline std::vector<Step> block_runs(int b0, int b1, int nch, int ch, Make make, bool per_block = false) {
+  std::vector<Step> v;
+  if (b1 <= b0) return v;
+  if (nch == 1 && !per_block) {
+    v.push_back(make(b0, b1 - b0));
+  } else {
+    for (int b = b0; b < b1; ++b) v.push_back(make(b * nch + ch, 1));
+  }
+  return v;
+}
+
+// Appends the steps of `v`, the first starting a phase (Step::fence).
+inline void append_phase(std::vector<Step>& lane, const std::vector<Step>& v) {
+  const size_t first = lane.size();
+  lane.insert(lane.end(), v.begin(), v.end());
+  if (lane.size() > first) lane[first].fence = true;
+}
+
 // Lexicographic schedule position of a step within its lane.
 using Key = std::array<int32_t, 5>;
 

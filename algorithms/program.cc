@@ -15,6 +15,8 @@ const char* coll_name(Coll c) {
     case Coll::AllToAllv: return "AllToAllv";
     case Coll::SendRecv: return "SendRecv";
     case Coll::Barrier: return "Barrier";
+    case Coll::Gather: return "Gather";
+    case Coll::Scatter: return "Scatter";
     case Coll::Count: break;
   }
   return "?";
@@ -79,8 +81,10 @@ BlockShape call_blocks(Coll coll, BufKind buf, size_t count, int nranks, const R
     case Coll::Barrier:
     case Coll::Broadcast:
     case Coll::Reduce: return {1, count};
-    case Coll::AllGather: return {input ? 1 : nranks, count};
-    case Coll::ReduceScatter: return {input ? nranks : 1, count};
+    case Coll::AllGather:
+    case Coll::Gather: return {input ? 1 : nranks, count};
+    case Coll::ReduceScatter:
+    case Coll::Scatter: return {input ? nranks : 1, count};
     case Coll::AllToAll:
     case Coll::AllToAllv: return {nranks, count};
     case Coll::SendRecv:

@@ -28,9 +28,15 @@ enum class Coll : uint8_t {
   AllToAllv,
   SendRecv,
   Barrier,
+  Gather,   // every rank's block to the root's output (MPI_Gather; RCCL's ncclGather)
+  Scatter,  // block r of the root's input to rank r (MPI_Scatter; RCCL's ncclScatter)
   Count
 };
 const char* coll_name(Coll c);
+// Collectives with a root: broadcast, reduce, gather and scatter.
+inline bool rooted(Coll c) {
+  return c == Coll::Broadcast || c == Coll::Reduce || c == Coll::Gather || c == Coll::Scatter;
+}
 
 enum class BufKind : uint8_t { Input, Output, Scratch };
 
@@ -167,8 +173,9 @@ std::string to_string(const RankProgram& p);
 
 // The blocks the API fixes for one buffer of a collective call: `nblocks` blocks of `block_elems` elements each.
 // `count` is the API's count argument (elements per rank block: all-gather's input, reduce-scatter's output,
-// all-to-all's per-peer block). Input and output: all-reduce, broadcast, reduce, barrier: 1 block; all-gather:
-// 1 in, nranks out; reduce-scatter: nranks in, 1 out; all-to-all: nranks each. All-to-allv has explicit blocks
+// all-to-all's per-peer block, gather's and scatter's per-rank block). Input and output: all-reduce, broadcast,
+// reduce, barrier: 1 block; all-gather and gather: 1 in, nranks out; reduce-scatter and scatter: nranks in, 1 out;
+// all-to-all: nranks each. All-to-allv has explicit blocks
 // in a real call; here it is taken as uniform (`count` per peer), the view the simulator and selector use.
 // Scratch: `program.scratch.nblocks` blocks the size of one output block (`count`). Send/receive has no uniform
 // shape: returns {0, 0}. The communicator (run_call) and the simulator both map chunks to bytes through this.

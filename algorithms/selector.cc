@@ -20,8 +20,8 @@ namespace {
 constexpr double kNearTie = 1.03;             // another candidate must be more than 3% faster to win
 constexpr size_t kMemoMax = size_t{1} << 16;  // decisions kept; the memo starts over beyond this
 
-constexpr Coll kSpecColls[] = {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast,
-                               Coll::Reduce,    Coll::AllToAll,  Coll::AllToAllv,     Coll::Barrier};
+constexpr Coll kSpecColls[] = {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce,
+                               Coll::AllToAll,  Coll::AllToAllv, Coll::Barrier,       Coll::Gather,    Coll::Scatter};
 
 [[noreturn]] void bad_spec(const std::string& what) {
   throw Error(chorusInvalidArgument, Subsys::Algorithms, "CHORUS_ALGO: " + what);
@@ -64,8 +64,6 @@ std::string fmt_us(double seconds) {
   return buf;
 }
 
-bool rooted(Coll c) { return c == Coll::Broadcast || c == Coll::Reduce; }
-
 }  // namespace
 
 const char* coll_spec_name(Coll coll) {
@@ -78,6 +76,8 @@ const char* coll_spec_name(Coll coll) {
     case Coll::AllToAll: return "alltoall";
     case Coll::AllToAllv: return "alltoallv";
     case Coll::Barrier: return "barrier";
+    case Coll::Gather: return "gather";
+    case Coll::Scatter: return "scatter";
     default: return "";
   }
 }
@@ -95,7 +95,9 @@ uint64_t selection_bytes(Coll coll, size_t count, size_t elem_size, int nranks) 
     case Coll::AllGather:
     case Coll::ReduceScatter:
     case Coll::AllToAll:
-    case Coll::AllToAllv: return b * static_cast<uint64_t>(std::max(nranks, 1));
+    case Coll::AllToAllv:
+    case Coll::Gather:
+    case Coll::Scatter: return b * static_cast<uint64_t>(std::max(nranks, 1));
     default: return b;
   }
 }

@@ -7,7 +7,8 @@
 // more than 3% faster, so near-ties do not flip between sizes.
 //
 // Sizes are bytes as nccl-tests reports them (selection_bytes): all-reduce, broadcast, reduce: count * elem;
-// all-gather (receive bytes), reduce-scatter (send bytes), all-to-all(v): count * nranks * elem.
+// all-gather and gather (receive bytes), reduce-scatter and scatter (send bytes), all-to-all(v):
+// count * nranks * elem.
 //
 // The cost model decides per band of counts, not per count (decision_count): a job whose sizes keep changing pays
 // one simulation per band, 8 bands per doubling of the size, and the memo stays bounded. CHORUS_ALGO ranges apply

@@ -161,6 +161,10 @@ class Run {
         return c / parts == r ? c % parts : -1;
       case Coll::ReduceScatter:  // output is input block r
         return r * rp.input.parts + c;
+      case Coll::Gather:  // the root's input is its output block root
+        return r == prog_.root && c / parts == r ? c % parts : -1;
+      case Coll::Scatter:  // the root's output is its input block root
+        return r == prog_.root ? r * rp.input.parts + c : -1;
       default: return -1;
     }
   }
@@ -196,8 +200,9 @@ class Run {
       return std::nullopt;
     }
     if (s.src.buf == BufKind::Input) {
-      if (prog_.coll == Coll::Broadcast && r != prog_.root) {
-        error_ = where(r, lane, step) + ": reads the input of a non-root rank (broadcast input is root-only)";
+      if ((prog_.coll == Coll::Broadcast || prog_.coll == Coll::Scatter) && r != prog_.root) {
+        error_ = where(r, lane, step) +
+                 cat_str(": reads the input of a non-root rank (", coll_name(prog_.coll), " input is root-only)");
         return std::nullopt;
       }
       if (!v.pristine) {
@@ -220,8 +225,9 @@ class Run {
       error_ = where(r, lane, step) + ": writes the input buffer";
       return false;
     }
-    if (s.dst.buf == BufKind::Output && prog_.coll == Coll::Reduce && r != prog_.root) {
-      error_ = where(r, lane, step) + ": writes the output of a non-root rank (reduce output is root-only)";
+    if (s.dst.buf == BufKind::Output && (prog_.coll == Coll::Reduce || prog_.coll == Coll::Gather) && r != prog_.root) {
+      error_ = where(r, lane, step) +
+               cat_str(": writes the output of a non-root rank (", coll_name(prog_.coll), " output is root-only)");
       return false;
     }
     int cell = cell_of(r, s.dst, "dst", lane, step);
@@ -564,6 +570,11 @@ class Run {
             for (int q = 0; q < n; ++q) want.push_back({q, c});
             break;
           case Coll::AllGather: want.push_back({blk, part}); break;
+          case Coll::Gather:
+            if (r != prog_.root) continue;  // untouched, checked by write_dst
+            want.push_back({blk, part});
+            break;
+          case Coll::Scatter: want.push_back({prog_.root, r * rp.input.parts + part}); break;
           case Coll::Broadcast: want.push_back({prog_.root, c}); break;
           case Coll::AllToAll:
           case Coll::AllToAllv: want.push_back({blk, r * rp.input.parts + part}); break;

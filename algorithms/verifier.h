@@ -9,7 +9,11 @@
 //  - reduce: the same at the root for its one block; non-root outputs are never written;
 //  - all-gather: output block b part p is an exact copy of rank b's input part p;
 //  - broadcast: every output part is an exact copy of the root's; non-root inputs are never read;
-//  - all-to-all(v): output block b part p of rank r is an exact copy of rank b's input block r part p.
+//  - all-to-all(v): output block b part p of rank r is an exact copy of rank b's input block r part p;
+//  - gather: the root's output block b part p is an exact copy of rank b's input part p; non-root outputs are
+//    never written;
+//  - scatter: rank r's output part p is an exact copy of the root's input block r part p; non-root inputs are
+//    never read.
 // Compressed programs (StepCode bits) treat the codec as exact for the contributions, count how many times each
 // contribution is quantized, check that coded messages are received as coded, and prove that every rank of a
 // compressed all-reduce or all-gather ends with the same bits (values decoded from the same codes or copied).

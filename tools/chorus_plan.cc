@@ -33,7 +33,8 @@ constexpr const char* kUsage =
     "usage: chorus-plan --coll NAME --bytes LO[:HI] [options]\n"
     "Prints, per size, every candidate algorithm's predicted time (us), algorithm and bus bandwidth (GB/s, as\n"
     "nccl-tests defines them) and the algorithm the selector chooses.\n"
-    "  --coll NAME        allreduce, allgather, reducescatter, broadcast, reduce, alltoall, alltoallv, barrier\n"
+    "  --coll NAME        allreduce, allgather, reducescatter, broadcast, reduce, alltoall, alltoallv, barrier,\n"
+    "                     gather, scatter\n"
     "  --bytes LO[:HI]    size or range in bytes as nccl-tests counts them (K, M, G suffixes: powers of 1024);\n"
     "                     not for a barrier\n"
     "  --step F           multiply the size by F from LO to HI (default 2)\n"
@@ -49,7 +50,7 @@ constexpr const char* kUsage =
     "  --nchannels N      channels per program (default CHORUS_NCHANNELS)\n"
     "  --slice-bytes B    pipelining slice (default CHORUS_SLICE_BYTES)\n"
     "  --fifo-depth D     slots per connection (default CHORUS_FIFO_DEPTH)\n"
-    "  --root R           root of broadcast and reduce (default 0)\n"
+    "  --root R           root of broadcast, reduce, gather and scatter (default 0)\n"
     "  --why              print the reason of every choice\n"
     "  --verify           also run the verifier on every chosen program (in place and out of place)\n"
     "CHORUS_ALGO (e.g. allreduce:0-64K:oneshot,64K-:ring) applies as it does in the library.\n";
@@ -82,7 +83,9 @@ double bus_factor(Coll coll, int n) {
     case Coll::AllGather:
     case Coll::ReduceScatter:
     case Coll::AllToAll:
-    case Coll::AllToAllv: return n > 0 ? static_cast<double>(n - 1) / n : 0;
+    case Coll::AllToAllv:
+    case Coll::Gather:
+    case Coll::Scatter: return n > 0 ? static_cast<double>(n - 1) / n : 0;
     default: return 1;
   }
 }
@@ -191,7 +194,7 @@ int main(int argc, char** argv) {
   Coll coll = Coll::Count;
   std::string coll_names;
   for (Coll c : {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce, Coll::AllToAll,
-                 Coll::AllToAllv, Coll::Barrier}) {
+                 Coll::AllToAllv, Coll::Barrier, Coll::Gather, Coll::Scatter}) {
     if (!coll_names.empty()) coll_names += ", ";
     coll_names += coll_spec_name(c);
     if (coll_text == coll_spec_name(c)) coll = c;
@@ -247,8 +250,7 @@ int main(int argc, char** argv) {
       }
     }
     const int n = topology.nranks();
-    if ((coll == Coll::Broadcast || coll == Coll::Reduce) && root >= n)
-      usage_error(cat("--root ", root, " is out of range for ", n, " ranks"));
+    if (rooted(coll) && root >= n) usage_error(cat("--root ", root, " is out of range for ", n, " ranks"));
 
     SimOptions sim;
     sim.slice_bytes = static_cast<size_t>(slice_bytes > 0 ? slice_bytes : param_int(Param::SliceBytes));

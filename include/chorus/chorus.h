@@ -166,12 +166,18 @@ chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm);
 
 /* ---- Collectives (blocking for host buffers with stream == NULL; stream-ordered for device buffers) ----
  * In place: all-reduce, broadcast, reduce and all-to-all with sendbuff == recvbuff; all-gather with
- * sendbuff == recvbuff + rank * sendcount; reduce-scatter with recvbuff == sendbuff + rank * recvcount. Any other
- * overlap of the two buffers is chorusInvalidArgument. Sizes: all-reduce, broadcast, reduce: count elements in and
- * out.
+ * sendbuff == recvbuff + rank * sendcount; reduce-scatter with recvbuff == sendbuff + rank * recvcount; gather at
+ * the root with sendbuff == recvbuff + root * sendcount; scatter at the root with
+ * recvbuff == sendbuff + root * recvcount. Any other overlap of the two buffers is chorusInvalidArgument.
+ * Sizes: all-reduce, broadcast, reduce: count elements in and out.
  * all-gather: sendcount in, nranks * sendcount out (rank r's block at offset r * sendcount).
  * reduce-scatter: nranks * recvcount in, recvcount out. all-to-all: nranks * count in and out (block j of the input
- * goes to rank j). */
+ * goes to rank j).
+ * gather (MPI_Gather; RCCL's ncclGather): sendcount in on every rank, nranks * sendcount out at the root only (rank
+ * r's block at offset r * sendcount); recvbuff is ignored elsewhere and may be NULL.
+ * scatter (MPI_Scatter; RCCL's ncclScatter): nranks * recvcount in at the root only (block r goes to rank r),
+ * recvcount out on every rank; sendbuff is ignored elsewhere and may be NULL.
+ * A root outside [0, nranks) is chorusInvalidArgument. */
 chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype, int root,
@@ -184,6 +190,10 @@ chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t 
                                    chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                               chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype, int root,
+                            chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                             int root, chorusComm_t comm, chorusStream_t stream);
 /* Compressed collectives (docs/compression.md): all-reduce, reduce-scatter and all-gather of float32 data with
  * sum or avg (sign_vote: sum, the result is the majority sign) send codes instead of values. The error is
  * explicit and bounded (docs/compression.md lists it per codec and schedule); every rank of a compressed
@@ -273,6 +283,10 @@ chorusResult_t chorusReduceScatterEx(const void* sendbuff, void* recvbuff, size_
                                      chorusStream_t stream);
 chorusResult_t chorusAllToAllEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
                                 const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                              int root, const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusScatterEx(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                               int root, const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream);
 /* Counts and displacements are in elements, one per rank. In place is not supported (returns
  * chorusInvalidArgument). */
 chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
@@ -326,6 +340,10 @@ chorusResult_t chorusIallToAll(const void* sendbuff, void* recvbuff, size_t coun
 chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
                                 const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
                                 chorusComm_t comm, chorusRequest_t* request);
+chorusResult_t chorusIgather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                             int root, chorusComm_t comm, chorusRequest_t* request);
+chorusResult_t chorusIscatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                              int root, chorusComm_t comm, chorusRequest_t* request);
 /* With per-call options (algorithm, compression) as the blocking Ex forms; options are read before the call
  * returns, a compression's error-feedback residual is read and written while the request runs (do not touch it
  * until the request is done). */

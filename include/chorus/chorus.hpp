@@ -244,6 +244,22 @@ class Comm {
     const chorusCollOptions_t o = opt.c();
     check(chorusAllToAllEx(in.data(), out.data(), in.size() / n, dtype_of<T>(), &o, c_, nullptr), c_);
   }
+  // gather: on the root, out = size() * in (rank r's block at r * in.size()); elsewhere out is not touched and may
+  // be empty. scatter: on the root, in = size() * out (block r to rank r); elsewhere in is not read and may be empty.
+  template <typename T>
+  void gather(std::span<const T> in, std::span<T> out, int root, const CallOptions& opt = {}) {
+    expect(rank() != root || out.size() == in.size() * static_cast<size_t>(size()),
+           "gather: on the root, out must hold size() * in");
+    const chorusCollOptions_t o = opt.c();
+    check(chorusGatherEx(in.data(), out.data(), in.size(), dtype_of<T>(), root, &o, c_, nullptr), c_);
+  }
+  template <typename T>
+  void scatter(std::span<const T> in, std::span<T> out, int root, const CallOptions& opt = {}) {
+    expect(rank() != root || in.size() == out.size() * static_cast<size_t>(size()),
+           "scatter: on the root, in must hold size() * out");
+    const chorusCollOptions_t o = opt.c();
+    check(chorusScatterEx(in.data(), out.data(), out.size(), dtype_of<T>(), root, &o, c_, nullptr), c_);
+  }
   // Counts and displacements are in elements, one per rank: the send_counts[j] elements of `in` at send_displs[j] go
   // to rank j, which receives them at recv_displs[this rank] of its `out`. Every block must lie inside its span.
   template <typename T>

@@ -625,6 +625,37 @@ chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count
   return chorusAllToAllEx(sendbuff, recvbuff, count, datatype, nullptr, comm, stream);
 }
 
+chorusResult_t chorusGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                              int root, const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream) {
+  CollArgs a;
+  a.coll = algo::Coll::Gather;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = sendcount;
+  a.dtype = datatype;
+  a.root = root;
+  return collective_ex(comm, std::move(a), options, stream);
+}
+chorusResult_t chorusScatterEx(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                               int root, const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream) {
+  CollArgs a;
+  a.coll = algo::Coll::Scatter;
+  a.send = sendbuff;
+  a.recv = recvbuff;
+  a.count = recvcount;
+  a.dtype = datatype;
+  a.root = root;
+  return collective_ex(comm, std::move(a), options, stream);
+}
+chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype, int root,
+                            chorusComm_t comm, chorusStream_t stream) {
+  return chorusGatherEx(sendbuff, recvbuff, sendcount, datatype, root, nullptr, comm, stream);
+}
+chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                             int root, chorusComm_t comm, chorusStream_t stream) {
+  return chorusScatterEx(sendbuff, recvbuff, recvcount, datatype, root, nullptr, comm, stream);
+}
+
 namespace {
 chorusResult_t alltoallv_args(CollArgs& a, chorusComm* comm, const void* sendbuff, const size_t* sendcounts,
                               const size_t* sdispls, void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
@@ -851,6 +882,16 @@ chorusResult_t chorusIallToAll(const void* sendbuff, void* recvbuff, size_t coun
                                chorusComm_t comm, chorusRequest_t* request) {
   CHORUS_ICOLL(a.coll = algo::Coll::AllToAll; a.send = sendbuff; a.recv = recvbuff; a.count = count;
                a.dtype = datatype);
+}
+chorusResult_t chorusIgather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                             int root, chorusComm_t comm, chorusRequest_t* request) {
+  CHORUS_ICOLL(a.coll = algo::Coll::Gather; a.send = sendbuff; a.recv = recvbuff; a.count = sendcount;
+               a.dtype = datatype; a.root = root);
+}
+chorusResult_t chorusIscatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                              int root, chorusComm_t comm, chorusRequest_t* request) {
+  CHORUS_ICOLL(a.coll = algo::Coll::Scatter; a.send = sendbuff; a.recv = recvbuff; a.count = recvcount;
+               a.dtype = datatype; a.root = root);
 }
 #undef CHORUS_ICOLL
 

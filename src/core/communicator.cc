@@ -292,7 +292,7 @@ void CommImpl::validate(CollArgs& a) const {
       a.premul_i = pm.i;
     }
   }
-  if (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) {
+  if (algo::rooted(a.coll)) {
     if (a.root < 0 || a.root >= n) bad_arg(cat("root=", a.root, " is out of range [0, ", n, ")"));
   }
   if (a.compressed) {
@@ -304,9 +304,8 @@ void CommImpl::validate(CollArgs& a) const {
                   " (known: ", algo::algorithm_names(a.coll), ")"));
     // A program that does not apply (one-shot beyond 64 ranks) is a bad argument of this call, not a failure of
     // the communicator. The program is cached, so the call that follows does not generate it again.
-    const bool rooted = a.coll == Coll::Broadcast || a.coll == Coll::Reduce;
     try {
-      selector_->program(*info, rooted ? a.root : 0);
+      selector_->program(*info, algo::rooted(a.coll) ? a.root : 0);
     } catch (const std::invalid_argument& e) {
       bad_arg(cat("options->algorithm='", a.algorithm, "' does not apply to this communicator: ", e.what()));
     }
@@ -347,6 +346,18 @@ void CommImpl::validate(CollArgs& a) const {
       size_t b = checked_bytes(a.count, n, a.dtype, "count");
       need(a.send, b, "sendbuff");
       need(a.recv, b, "recvbuff");
+      break;
+    }
+    case Coll::Gather: {
+      need(a.send, checked_bytes(a.count, 1, a.dtype, "sendcount"), "sendbuff");
+      const size_t b = checked_bytes(a.count, n, a.dtype, "sendcount");
+      if (rank_ == a.root) need(a.recv, b, "recvbuff");
+      break;
+    }
+    case Coll::Scatter: {
+      const size_t b = checked_bytes(a.count, n, a.dtype, "recvcount");
+      if (rank_ == a.root) need(a.send, b, "sendbuff");
+      need(a.recv, checked_bytes(a.count, 1, a.dtype, "recvcount"), "recvbuff");
       break;
     }
     case Coll::AllToAllv: {
@@ -418,6 +429,14 @@ CommImpl::Extents CommImpl::extents(const CollArgs& a) const {
       e.recv = a.count * esz;
       e.send = e.recv * n;
       break;
+    case Coll::Gather:
+      e.send = a.count * esz;
+      e.recv = root ? e.send * n : 0;
+      break;
+    case Coll::Scatter:
+      e.recv = a.count * esz;
+      e.send = root ? e.recv * n : 0;
+      break;
     case Coll::AllToAllv:
       // Only entries that move bytes: a count-0 entry's displacement points nowhere the call touches.
       for (size_t i = 0; i < n; ++i) {
@@ -486,6 +505,14 @@ void CommImpl::check_overlap(const CollArgs& a) const {
     case Coll::ReduceScatter:
       exact = d == s + r * rbytes;
       in_place = "recvbuff == sendbuff + rank * recvcount";
+      break;
+    case Coll::Gather:  // at the root; elsewhere recvbuff is not used
+      exact = s == d + r * sbytes;
+      in_place = "sendbuff == recvbuff + root * sendcount";
+      break;
+    case Coll::Scatter:  // at the root; elsewhere sendbuff is not used
+      exact = d == s + r * rbytes;
+      in_place = "recvbuff == sendbuff + root * recvcount";
       break;
     case Coll::AllToAllv:
       exact = false;
@@ -1126,7 +1153,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     hdr.count = a.coll == Coll::AllToAllv ? 0 : a.count;
     hdr.dtype = static_cast<uint8_t>(a.dtype);
     hdr.op = static_cast<uint8_t>(is_reduction(a.coll) ? std::min<int>(a.op, chorusNumOps) : 0);
-    hdr.root = (a.coll == Coll::Broadcast || a.coll == Coll::Reduce) ? a.root : 0;
+    hdr.root = algo::rooted(a.coll) ? a.root : 0;
     // Compressed calls are not rooted: the root field carries the codec's fingerprint instead, so ranks that
     // pass different codecs, blocks or rounding keys get a mismatch error instead of decoding garbage.
     if (a.compressed) hdr.root = codec_fingerprint(a.codec, a.codec_step);
@@ -1152,6 +1179,8 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
       case Coll::Reduce:
       case Coll::AllGather:
       case Coll::ReduceScatter:
+      case Coll::Gather:
+      case Coll::Scatter:
         layout.set_uniform(BufKind::Input, send, bin.nblocks, bin.block_elems, pin);
         layout.set_uniform(BufKind::Output, a.recv, bout.nblocks, bout.block_elems, pout);
         break;

@@ -142,7 +142,7 @@ std::vector<Entry> arrive(const CommImpl& comm, Call& c, int phase, int rank, co
 void check_same_call(const std::vector<Entry>& in, int me) {
   const Entry& a = in[me];
   const bool has_op = a.coll == Coll::AllReduce || a.coll == Coll::ReduceScatter || a.coll == Coll::Reduce;
-  const bool has_root = a.coll == Coll::Broadcast || a.coll == Coll::Reduce;
+  const bool has_root = algo::rooted(a.coll);
   for (int q = 0; q < static_cast<int>(in.size()); ++q) {
     const Entry& b = in[q];
     if (b.coll == a.coll && b.dtype == a.dtype && b.count == a.count && (!has_op || b.op == a.op) &&

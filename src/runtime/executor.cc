@@ -75,7 +75,7 @@ std::string describe_header(const WireHeader& h) {
   auto coll = static_cast<algo::Coll>(h.coll);
   if (coll == algo::Coll::AllReduce || coll == algo::Coll::Reduce || coll == algo::Coll::ReduceScatter)
     s += cat(", ", op_name(static_cast<chorusRedOp_t>(h.op)));
-  if (coll == algo::Coll::Broadcast || coll == algo::Coll::Reduce) s += cat(", root=", h.root);
+  if (algo::rooted(coll)) s += cat(", root=", h.root);
   if (h.algo >= algo::kCompressedIdBase && (h.root & 15) >= 1 && (h.root & 15) <= 5) {
     // Compressed calls carry the codec's fingerprint in the root field (communicator.cc, codec_fingerprint).
     static const char* const kCodecs[] = {"int8", "fp8_e4m3", "int4", "sign1", "sign_vote"};

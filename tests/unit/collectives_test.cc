@@ -21,13 +21,16 @@
 namespace chorus::test {
 namespace {
 
-enum class CollT { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, AllToAllv };
+enum class CollT { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, AllToAllv, Gather, Scatter };
 const char* coll_t_name(CollT c) {
-  static const char* n[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllToAll", "AllToAllv"};
+  static const char* n[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
+                            "AllToAll",  "AllToAllv", "Gather", "Scatter"};
   return n[static_cast<int>(c)];
 }
 bool reduces(CollT c) { return c == CollT::AllReduce || c == CollT::Reduce || c == CollT::ReduceScatter; }
-bool rooted(CollT c) { return c == CollT::Broadcast || c == CollT::Reduce; }
+bool rooted(CollT c) {
+  return c == CollT::Broadcast || c == CollT::Reduce || c == CollT::Gather || c == CollT::Scatter;
+}
 
 constexpr size_t kLarge = 1000003;
 
@@ -64,7 +67,8 @@ struct Prepared {
 struct Case {
   CollT coll;
   int n;
-  size_t count;  // per the API: all-gather sendcount, reduce-scatter recvcount, all-to-all per peer
+  size_t count;  // per the API: all-gather and gather sendcount, reduce-scatter and scatter recvcount, all-to-all
+                 // per peer
   bool in_place;
   int root;
   chorusDataType_t t;
@@ -100,8 +104,10 @@ void run_case(World& w, const Case& c, const Prepared& pr) {
   std::vector<std::vector<size_t>> sdispl(n, std::vector<size_t>(n)), rdispl(n, std::vector<size_t>(n));
   std::vector<std::vector<size_t>> scount(n, std::vector<size_t>(n)), rcount(n, std::vector<size_t>(n));
   switch (c.coll) {
-    case CollT::AllGather: out_elems = count * n; break;
-    case CollT::ReduceScatter: in_elems = count * n; break;
+    case CollT::AllGather:
+    case CollT::Gather: out_elems = count * n; break;
+    case CollT::ReduceScatter:
+    case CollT::Scatter: in_elems = count * n; break;
     case CollT::AllToAll: in_elems = out_elems = count * n; break;
     case CollT::AllToAllv: {
       // Blocks packed with a one-element gap, so displacements matter.
@@ -132,7 +138,8 @@ void run_case(World& w, const Case& c, const Prepared& pr) {
     std::memset(p.out[r].data(), 0xA5, std::max(in_elems, out_elems) * esz);
     if (c.in_place) {
       switch (c.coll) {
-        case CollT::AllGather: std::memcpy(p.out[r].data() + r * count * esz, in, count * esz); break;
+        case CollT::AllGather:
+        case CollT::Gather: std::memcpy(p.out[r].data() + r * count * esz, in, count * esz); break;
         case CollT::Broadcast:
         case CollT::Reduce: std::memcpy(p.out[r].data(), in, count * esz); break;
         default: std::memcpy(p.out[r].data(), in, in_elems * esz); break;
@@ -170,6 +177,15 @@ void run_case(World& w, const Case& c, const Prepared& pr) {
           std::memcpy(static_cast<std::byte*>(want) + rdispl[r][b] * esz, p.in[b].data() + sdispl[b][r] * esz,
                       rcount[r][b] * esz);
         break;
+      case CollT::Gather:
+        if (r != c.root) {
+          std::memcpy(want, p.out[r].data(), out_elems * esz);  // untouched: the sentinel (and the input in place)
+          break;
+        }
+        for (int b = 0; b < n; ++b)
+          std::memcpy(static_cast<std::byte*>(want) + b * count * esz, p.in[b].data(), count * esz);
+        break;
+      case CollT::Scatter: std::memcpy(want, p.in[c.root].data() + r * count * esz, count * esz); break;
     }
   }
 
@@ -213,13 +229,21 @@ void run_case(World& w, const Case& c, const Prepared& pr) {
         res = chorusAllToAllv(in, scount[r].data(), sdispl[r].data(), out, rcount[r].data(), rdispl[r].data(), c.t,
                               comm, nullptr);
         break;
+      case CollT::Gather:  // in place: the input at its block of the output, on every rank (only the root's counts)
+        res = chorusGatherEx(c.in_place ? out + r * count * esz : in, out, count, c.t, c.root, &opt, comm, nullptr);
+        break;
+      case CollT::Scatter:  // in place: the output at its block of the input
+        res = chorusScatterEx(c.in_place ? out : in, c.in_place ? out + r * count * esz : out, count, c.t, c.root, &opt,
+                              comm, nullptr);
+        break;
     }
     if (c.op == TestOp::PreMulSum && reduces(c.coll)) {
       EXPECT_EQ(chorusRedOpDestroy(op, comm), chorusSuccess);
     }
     ASSERT_EQ(res, chorusSuccess) << c.str() << " rank " << r << ": " << chorusGetLastError(comm);
-    const std::byte* got = (c.coll == CollT::ReduceScatter && c.in_place) ? out + r * count * esz : out;
-    size_t check = c.coll == CollT::ReduceScatter ? count : out_elems;
+    const bool block_out = c.coll == CollT::ReduceScatter || c.coll == CollT::Scatter;
+    const std::byte* got = block_out && c.in_place ? out + r * count * esz : out;
+    size_t check = block_out ? count : out_elems;
     int64_t bad = first_mismatch(c.t, c.op, got, p.want[r].data(), check);
     ASSERT_EQ(bad, -1) << c.str() << " rank " << r << ": element " << bad << " is " << load(c.t, got, bad)
                        << ", expected " << load(c.t, p.want[r].data(), bad);
@@ -259,6 +283,8 @@ algo::Coll to_coll(CollT c) {
     case CollT::ReduceScatter: return algo::Coll::ReduceScatter;
     case CollT::AllToAll: return algo::Coll::AllToAll;
     case CollT::AllToAllv: return algo::Coll::AllToAllv;
+    case CollT::Gather: return algo::Coll::Gather;
+    case CollT::Scatter: return algo::Coll::Scatter;
   }
   return algo::Coll::Count;
 }
@@ -280,15 +306,18 @@ TEST_P(Collectives, Matrix) {
   const auto [coll, n, algorithm] = GetParam();
   World& w = World::get_with_hosts(host_shape(n));
   std::vector<size_t> counts = {0, 1, static_cast<size_t>(n - 1)};
-  const bool blocks =
-      coll == CollT::AllGather || coll == CollT::ReduceScatter || coll == CollT::AllToAll || coll == CollT::AllToAllv;
+  const bool blocks = coll == CollT::AllGather || coll == CollT::ReduceScatter || coll == CollT::AllToAll ||
+                      coll == CollT::AllToAllv || coll == CollT::Gather || coll == CollT::Scatter;
   counts.push_back(blocks ? (kLarge + n - 1) / n : kLarge);
   std::vector<int> roots = {0};
   if (rooted(coll) && n > 1) roots.push_back(n - 1);
+  // Gather's and scatter's blocks wrap around the root's buffer: a root in the middle too.
+  if ((coll == CollT::Gather || coll == CollT::Scatter) && n > 2) roots.push_back(n / 2);
   for (size_t count : counts) {
-    const size_t in_elems = (coll == CollT::ReduceScatter || coll == CollT::AllToAll) ? count * n
-                            : coll == CollT::AllToAllv                                ? 2 * count * n + n
-                                                                                      : count;
+    const size_t in_elems = (coll == CollT::ReduceScatter || coll == CollT::AllToAll || coll == CollT::Scatter)
+                                ? count * n
+                            : coll == CollT::AllToAllv ? 2 * count * n + n
+                                                       : count;
     const size_t reduced_elems = coll == CollT::ReduceScatter ? count * n : count;
     for (TestOp op : kAllOps) {
       if (!reduces(coll) && op != TestOp::Sum) continue;
@@ -314,7 +343,7 @@ TEST_P(Collectives, Matrix) {
 std::vector<Param> every_algorithm() {
   std::vector<Param> v;
   for (CollT c : {CollT::AllReduce, CollT::Broadcast, CollT::Reduce, CollT::AllGather, CollT::ReduceScatter,
-                  CollT::AllToAll, CollT::AllToAllv})
+                  CollT::AllToAll, CollT::AllToAllv, CollT::Gather, CollT::Scatter})
     for (const algo::AlgorithmInfo& a : algo::algorithm_table())
       if (a.coll == to_coll(c))
         for (int n : {1, 2, 3, 4, 5, 7, 8}) v.emplace_back(c, n, a.name);

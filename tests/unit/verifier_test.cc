@@ -1,5 +1,5 @@
-// The verifier proves every registered program for nranks 1..64 (channels 1 and 2, roots first and last,
-// in place and out of place), and catches broken programs.
+// The verifier proves every registered program for nranks 1..64 (channels 1 and 2, roots first, last and
+// one past the middle, in place and out of place), and catches broken programs.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -11,8 +11,6 @@
 namespace chorus::algo {
 namespace {
 
-bool rooted(Coll c) { return c == Coll::Broadcast || c == Coll::Reduce; }
-
 TEST(Verifier, EveryProgramForOneTo64Ranks) {
   int proved = 0;
   for (const AlgorithmInfo& algo : algorithm_table()) {
@@ -21,6 +19,7 @@ TEST(Verifier, EveryProgramForOneTo64Ranks) {
         if (nch == 2 && n > 16 && n % 7 != 0) continue;  // two channels: a sample of sizes keeps this fast
         std::vector<int> roots = {0};
         if (rooted(algo.coll) && n > 1) roots.push_back(n - 1);
+        if (rooted(algo.coll) && n > 2) roots.push_back(n / 2 + 1);  // gather's and scatter's blocks wrap around
         for (int root : roots) {
           Program prog = algo.generate({n, root, nch});
           for (bool in_place : {false, true}) {
