@@ -46,18 +46,31 @@ int g_rank = 0, g_n = 0;
 // All-to-allv: elements rank i sends to rank j.
 size_t v_count(size_t count, int i, int j) { return count == 0 ? 0 : count * (1 + (i + 2 * j) % 3) / 2 + (i * j) % 2; }
 
-enum class C { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, AllToAllv, SendRecv, Barrier };
+enum class C {
+  AllReduce,
+  Broadcast,
+  Reduce,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  AllToAllv,
+  SendRecv,
+  Barrier,
+  Gather,
+  Scatter
+};
 const char* cname(C c) {
-  static const char* n[] = {"AllReduce", "Broadcast", "Reduce",   "AllGather", "ReduceScatter",
-                            "AllToAll",  "AllToAllv", "SendRecv", "Barrier"};
+  static const char* n[] = {"AllReduce", "Broadcast", "Reduce",  "AllGather", "ReduceScatter", "AllToAll",
+                            "AllToAllv", "SendRecv",  "Barrier", "Gather",    "Scatter"};
   return n[static_cast<int>(c)];
 }
 
 // Every algorithm of the table for a collective ("" where there is no choice: send/recv, barrier).
 std::vector<std::string> algorithms_of(C c) {
   using chorus::algo::Coll;
-  static const Coll map[] = {Coll::AllReduce, Coll::Broadcast, Coll::Reduce,   Coll::AllGather, Coll::ReduceScatter,
-                             Coll::AllToAll,  Coll::AllToAllv, Coll::SendRecv, Coll::Barrier};
+  static const Coll map[] = {Coll::AllReduce,     Coll::Broadcast, Coll::Reduce,    Coll::AllGather,
+                             Coll::ReduceScatter, Coll::AllToAll,  Coll::AllToAllv, Coll::SendRecv,
+                             Coll::Barrier,       Coll::Gather,    Coll::Scatter};
   std::vector<std::string> names;
   if (c == C::SendRecv || c == C::Barrier) return {""};
   for (const auto& a : chorus::algo::algorithm_table())
@@ -72,14 +85,15 @@ int run_matrix(chorusComm_t comm) {
   std::vector<std::byte> in, out, want;
   int cases = 0;
   for (C coll : {C::AllReduce, C::Broadcast, C::Reduce, C::AllGather, C::ReduceScatter, C::AllToAll, C::AllToAllv,
-                 C::SendRecv, C::Barrier}) {
+                 C::SendRecv, C::Barrier, C::Gather, C::Scatter}) {
     const bool red = coll == C::AllReduce || coll == C::Reduce || coll == C::ReduceScatter;
     for (const std::string& algorithm : algorithms_of(coll))
       for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(n - 1), size_t{100003}}) {
         for (bool in_place : {false, true}) {
           if (in_place && (coll == C::AllToAllv || coll == C::SendRecv || coll == C::Barrier)) continue;
           for (int root : {0, n - 1}) {
-            if (root != 0 && coll != C::Broadcast && coll != C::Reduce) continue;
+            const bool rooted = coll == C::Broadcast || coll == C::Reduce || coll == C::Gather || coll == C::Scatter;
+            if (root != 0 && !rooted) continue;
             for (chorusDataType_t t : types) {
               for (TestOp op : ops) {
                 if (!red && op != TestOp::Sum) continue;
@@ -88,8 +102,8 @@ int run_matrix(chorusComm_t comm) {
                 // Sizes (elements) of this rank's input and output.
                 size_t in_e = count, out_e = count;
                 std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
-                if (coll == C::AllGather) out_e = count * n;
-                if (coll == C::ReduceScatter) in_e = count * n;
+                if (coll == C::AllGather || coll == C::Gather) out_e = count * n;
+                if (coll == C::ReduceScatter || coll == C::Scatter) in_e = count * n;
                 if (coll == C::AllToAll) in_e = out_e = count * n;
                 if (coll == C::AllToAllv) {
                   in_e = out_e = 0;
@@ -154,9 +168,23 @@ int run_matrix(chorusComm_t comm) {
                       store(t, want.data(), i, static_cast<double>(value((r + n - 1) % n, i)));
                     break;
                   case C::Barrier: check_e = 0; break;
+                  case C::Gather:
+                    if (r == root) {
+                      for (int b = 0; b < n; ++b)
+                        for (size_t i = 0; i < count; ++i)
+                          store(t, want.data(), b * count + i, static_cast<double>(value(b, i)));
+                    } else if (in_place) {  // untouched: the sentinel and this rank's input where it put it
+                      std::memcpy(want.data() + r * count * esz, in.data(), count * esz);
+                    }
+                    break;
+                  case C::Scatter:
+                    for (size_t i = 0; i < count; ++i)
+                      store(t, want.data(), i, static_cast<double>(value(root, r * count + i)));
+                    check_e = count;
+                    break;
                 }
                 if (in_place) {
-                  if (coll == C::AllGather)
+                  if (coll == C::AllGather || coll == C::Gather)
                     std::memcpy(out.data() + r * count * esz, in.data(), count * esz);
                   else
                     std::memcpy(out.data(), in.data(), in_e * esz);
@@ -201,6 +229,15 @@ int run_matrix(chorusComm_t comm) {
                     CHECK_OK(chorusGroupEnd());
                     break;
                   case C::Barrier: CHECK_OK(chorusBarrier(comm, nullptr)); break;
+                  case C::Gather:
+                    CHECK_OK(chorusGatherEx(in_place ? o + r * count * esz : in.data(), o, count, t, root, &opt, comm,
+                                            nullptr));
+                    break;
+                  case C::Scatter:
+                    CHECK_OK(
+                        chorusScatterEx(send, in_place ? o + r * count * esz : o, count, t, root, &opt, comm, nullptr));
+                    if (in_place) std::memmove(o, o + r * count * esz, count * esz);
+                    break;
                 }
                 if (red && op == TestOp::PreMulSum) CHECK_OK(chorusRedOpDestroy(rop, comm));
                 int64_t bad = first_mismatch(t, op, o, want.data(), check_e);

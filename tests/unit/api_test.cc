@@ -284,6 +284,61 @@ TEST(BadInput, OverlapThatIsNotTheInPlaceForm) {
       chorusInvalidArgument, "in-place form");
 }
 
+TEST(BadInput, GatherAndScatterNameTheirArgumentsAtTheRoot) {
+  for (int root : {2, -1}) {
+    expect_bad(
+        [root](int, chorusComm_t c, Guarded& in, Guarded& out) {
+          return chorusGather(in.data(), out.data(), 16, chorusFloat32, root, c, nullptr);
+        },
+        chorusInvalidArgument, "root=");
+    expect_bad(
+        [root](int, chorusComm_t c, Guarded& in, Guarded& out) {
+          return chorusScatter(in.data(), out.data(), 16, chorusFloat32, root, c, nullptr);
+        },
+        chorusInvalidArgument, "root=");
+  }
+  // Every rank its own root, so that every rank refuses the call (no peer is left waiting).
+  expect_bad([](int r, chorusComm_t c, Guarded& in,
+                Guarded&) { return chorusGather(in.data(), nullptr, 16, chorusFloat32, r, c, nullptr); },
+             chorusInvalidArgument, "recvbuff is NULL");
+  expect_bad([](int r, chorusComm_t c, Guarded&,
+                Guarded& out) { return chorusScatter(nullptr, out.data(), 16, chorusFloat32, r, c, nullptr); },
+             chorusInvalidArgument, "sendbuff is NULL");
+  expect_bad(
+      [](int r, chorusComm_t c, Guarded& in, Guarded&) {
+        auto* p = static_cast<std::byte*>(in.data());
+        return chorusGather(p + (1 - r) * 64, p, 16, chorusFloat32, r, c, nullptr);
+      },
+      chorusInvalidArgument, "sendbuff == recvbuff + root * sendcount");
+  expect_bad(
+      [](int r, chorusComm_t c, Guarded& in, Guarded&) {
+        auto* p = static_cast<std::byte*>(in.data());
+        return chorusScatter(p, p + (1 - r) * 64, 16, chorusFloat32, r, c, nullptr);
+      },
+      chorusInvalidArgument, "recvbuff == sendbuff + root * recvcount");
+}
+
+TEST(GatherScatter, TheBuffersOnlyTheRootUsesAreIgnoredElsewhere) {
+  // MPI's and RCCL's rule: recvbuff of a gather and sendbuff of a scatter matter at the root only.
+  World& w = World::get(3);
+  w.run([&](int r, chorusComm_t comm) {
+    const int root = 1;
+    std::vector<int32_t> block(5), all(15, -1);
+    for (int i = 0; i < 5; ++i) block[i] = 100 * r + i;
+    ASSERT_EQ(chorusGather(block.data(), r == root ? all.data() : nullptr, 5, chorusInt32, root, comm, nullptr),
+              chorusSuccess)
+        << chorusGetLastError(comm);
+    if (r == root) {
+      for (int i = 0; i < 15; ++i) EXPECT_EQ(all[i], 100 * (i / 5) + i % 5) << i;
+    }
+    std::vector<int32_t> mine(5, -1);
+    ASSERT_EQ(chorusScatter(r == root ? all.data() : nullptr, mine.data(), 5, chorusInt32, root, comm, nullptr),
+              chorusSuccess)
+        << chorusGetLastError(comm);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(mine[i], 100 * r + i) << i;
+  });
+}
+
 TEST(BadInput, TimeoutsBeyondTheClockAreNeverAndYieldOutOfRangeIsRefused) {
   {
     // About 317 years: a wait without end, not an overflow that ends every wait at once.
