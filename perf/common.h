@@ -156,6 +156,43 @@ class AllReduceShape : public Collective {
   Expect expect(const Layout&, int, int, int, size_t i) const override { return {Expect::Reduce, 0, i}; }
 };
 
+// Gather: the root ends with every rank's `count` elements, rank r's at block r; size = the root's whole output
+// (nccl-tests' gather_perf). In place, each rank's input sits in its own block of the output.
+class GatherShape : public Collective {
+ public:
+  const char* name() const override { return "gather"; }
+  bool rooted() const override { return true; }
+  Layout layout(size_t bytes, size_t ts, int nranks) const override {
+    const size_t per = bytes / ts / static_cast<size_t>(nranks);
+    const size_t total = per * static_cast<size_t>(nranks);
+    return {per, per, total, total * ts, total};
+  }
+  size_t inplace_send_offset(const Layout& l, int rank) const override { return static_cast<size_t>(rank) * l.count; }
+  double bus_factor(int n) const override { return static_cast<double>(n - 1) / n; }
+  Expect expect(const Layout& l, int rank, int, int root, size_t i) const override {
+    if (rank != root) return {Expect::Skip, 0, 0};
+    return {Expect::Copy, static_cast<int>(i / l.count), i % l.count};
+  }
+};
+
+// Scatter: rank r ends with block r of the root's input; size = the root's whole input (nccl-tests' scatter_perf).
+// In place, each rank's result lands on its own block of the input.
+class ScatterShape : public Collective {
+ public:
+  const char* name() const override { return "scatter"; }
+  bool rooted() const override { return true; }
+  Layout layout(size_t bytes, size_t ts, int nranks) const override {
+    const size_t per = bytes / ts / static_cast<size_t>(nranks);
+    const size_t total = per * static_cast<size_t>(nranks);
+    return {per, total, per, total * ts, total};
+  }
+  size_t inplace_recv_offset(const Layout& l, int rank) const override { return static_cast<size_t>(rank) * l.count; }
+  double bus_factor(int n) const override { return static_cast<double>(n - 1) / n; }
+  Expect expect(const Layout& l, int rank, int, int root, size_t i) const override {
+    return {Expect::Copy, root, static_cast<size_t>(rank) * l.count + i};
+  }
+};
+
 // The communication the harness needs for itself.
 class Backend {
  public:
