@@ -175,8 +175,8 @@ std::string to_string(const RankProgram& p);
 // `count` is the API's count argument (elements per rank block: all-gather's input, reduce-scatter's output,
 // all-to-all's per-peer block, gather's and scatter's per-rank block). Input and output: all-reduce, broadcast,
 // reduce, barrier: 1 block; all-gather and gather: 1 in, nranks out; reduce-scatter and scatter: nranks in, 1 out;
-// all-to-all: nranks each. All-to-allv has explicit blocks
-// in a real call; here it is taken as uniform (`count` per peer), the view the simulator and selector use.
+// all-to-all: nranks each. All-to-allv has explicit blocks in a real call; here it is taken as uniform (`count`
+// per peer), the view the simulator and selector use.
 // Scratch: `program.scratch.nblocks` blocks the size of one output block (`count`). Send/receive has no uniform
 // shape: returns {0, 0}. The communicator (run_call) and the simulator both map chunks to bytes through this.
 struct BlockShape {

@@ -7,11 +7,7 @@ namespace {
 class AllGather final : public Collective {
  public:
   const char* name() const override { return "all_gather"; }
-  Layout layout(size_t bytes, size_t ts, int nranks) const override {
-    const size_t per = bytes / ts / static_cast<size_t>(nranks);
-    const size_t total = per * static_cast<size_t>(nranks);
-    return {per, per, total, total * ts, total};
-  }
+  Layout layout(size_t bytes, size_t ts, int nranks) const override { return gathered_layout(bytes, ts, nranks); }
   // In place, each rank's input already sits in its own block of the output.
   size_t inplace_send_offset(const Layout& l, int rank) const override { return static_cast<size_t>(rank) * l.count; }
   double bus_factor(int n) const override { return static_cast<double>(n - 1) / n; }

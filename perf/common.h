@@ -156,17 +156,24 @@ class AllReduceShape : public Collective {
   Expect expect(const Layout&, int, int, int, size_t i) const override { return {Expect::Reduce, 0, i}; }
 };
 
+// Layouts of `bytes` (the whole gathered buffer) cut in nranks blocks of `count` elements: one block in, all out
+// (all-gather, gather), or all in, one block out (reduce-scatter, scatter).
+inline Layout gathered_layout(size_t bytes, size_t ts, int nranks) {
+  const size_t per = bytes / ts / static_cast<size_t>(nranks), total = per * static_cast<size_t>(nranks);
+  return {per, per, total, total * ts, total};
+}
+inline Layout scattered_layout(size_t bytes, size_t ts, int nranks) {
+  const size_t per = bytes / ts / static_cast<size_t>(nranks), total = per * static_cast<size_t>(nranks);
+  return {per, total, per, total * ts, total};
+}
+
 // Gather: the root ends with every rank's `count` elements, rank r's at block r; size = the root's whole output
 // (nccl-tests' gather_perf). In place, each rank's input sits in its own block of the output.
 class GatherShape : public Collective {
  public:
   const char* name() const override { return "gather"; }
   bool rooted() const override { return true; }
-  Layout layout(size_t bytes, size_t ts, int nranks) const override {
-    const size_t per = bytes / ts / static_cast<size_t>(nranks);
-    const size_t total = per * static_cast<size_t>(nranks);
-    return {per, per, total, total * ts, total};
-  }
+  Layout layout(size_t bytes, size_t ts, int nranks) const override { return gathered_layout(bytes, ts, nranks); }
   size_t inplace_send_offset(const Layout& l, int rank) const override { return static_cast<size_t>(rank) * l.count; }
   double bus_factor(int n) const override { return static_cast<double>(n - 1) / n; }
   Expect expect(const Layout& l, int rank, int, int root, size_t i) const override {
@@ -181,11 +188,7 @@ class ScatterShape : public Collective {
  public:
   const char* name() const override { return "scatter"; }
   bool rooted() const override { return true; }
-  Layout layout(size_t bytes, size_t ts, int nranks) const override {
-    const size_t per = bytes / ts / static_cast<size_t>(nranks);
-    const size_t total = per * static_cast<size_t>(nranks);
-    return {per, total, per, total * ts, total};
-  }
+  Layout layout(size_t bytes, size_t ts, int nranks) const override { return scattered_layout(bytes, ts, nranks); }
   size_t inplace_recv_offset(const Layout& l, int rank) const override { return static_cast<size_t>(rank) * l.count; }
   double bus_factor(int n) const override { return static_cast<double>(n - 1) / n; }
   Expect expect(const Layout& l, int rank, int, int root, size_t i) const override {

@@ -8,11 +8,7 @@ class ReduceScatter final : public Collective {
  public:
   const char* name() const override { return "reduce_scatter"; }
   bool reduces() const override { return true; }
-  Layout layout(size_t bytes, size_t ts, int nranks) const override {
-    const size_t per = bytes / ts / static_cast<size_t>(nranks);
-    const size_t total = per * static_cast<size_t>(nranks);
-    return {per, total, per, total * ts, total};
-  }
+  Layout layout(size_t bytes, size_t ts, int nranks) const override { return scattered_layout(bytes, ts, nranks); }
   // In place, each rank's result lands on its own block of the input.
   size_t inplace_recv_offset(const Layout& l, int rank) const override { return static_cast<size_t>(rank) * l.count; }
   double bus_factor(int n) const override { return static_cast<double>(n - 1) / n; }
