@@ -334,17 +334,21 @@ class Sim {
         invalid(cat("simulate: the topology places a rank on host ", rs.host, " of ", nh));
     egress_free_.assign(nh, 0.0);
     ingress_free_.assign(nh, 0.0);
-    for (topo::LinkParams lp : topo.links)
-      if (!(lp.alpha_s >= 0) || !(lp.bandwidth_Bps >= 0))
-        invalid(
-            cat("simulate: link costs must be >= 0 (alpha ", lp.alpha_s, " s, bandwidth ", lp.bandwidth_Bps, " B/s)"));
+    for (size_t c = 0; c < topo.links.size(); ++c) {
+      const topo::LinkParams& lp = topo.links[c];
+      if (!(lp.alpha_s >= 0) || !(lp.bandwidth_Bps >= 0) || !(lp.overhead_s >= 0))
+        invalid(cat("simulate: link costs must be >= 0 (alpha ", lp.alpha_s, " s, bandwidth ", lp.bandwidth_Bps,
+                    " B/s, overhead ", lp.overhead_s, " s)"));
+      overhead_[c] = lp.overhead_s + 0.0;
+    }
     dataflow_ = !shares_resources();
   }
 
   // True if two lanes may compete for one server: a rank's CPU (two lanes with local work) or a host's egress or
   // ingress (two connections between hosts through a limited one). Then time order matters.
   bool shares_resources() const {
-    const bool local_work = topo_.copy_Bps > 0 || topo_.reduce_Bps > 0;
+    const bool local_work = topo_.copy_Bps > 0 || topo_.reduce_Bps > 0 ||
+                            std::any_of(overhead_.begin(), overhead_.end(), [](double o) { return o > 0; });
     const int n = prog_.nranks;
     for (int r = 0; r < n; ++r) {
       size_t busy = 0;
@@ -614,7 +618,9 @@ class Sim {
   // Runs the lane's current step-slice at `now`; true when that finished the lane.
   bool run_step_slice(uint32_t li, double now) {
     LaneState& ls = lanes_[li];
-    const double work = static_cast<double>(ls.bytes) * cpu_inv_[static_cast<size_t>(ls.op)];
+    double work = static_cast<double>(ls.bytes) * cpu_inv_[static_cast<size_t>(ls.op)];
+    if (ls.in_fifo != kNone) work += overhead_[fifos_[ls.in_fifo].cls];
+    if (ls.out_fifo != kNone) work += overhead_[fifos_[ls.out_fifo].cls];
     double end = now;
     if (work > 0) {
       double& cpu = ranks_[static_cast<size_t>(ls.rank)].cpu_free;
@@ -716,7 +722,8 @@ class Sim {
   std::map<std::pair<size_t, int32_t>, std::vector<size_t>> tables_;  // (block elems, parts) -> part_prefix
   uint64_t channels_ = 1;
   std::unordered_map<uint64_t, uint32_t> fifo_index_;
-  std::array<double, 256> cpu_inv_{};  // indexed by OpCode
+  std::array<double, 256> cpu_inv_{};                  // indexed by OpCode
+  std::array<double, topo::kLinkClasses> overhead_{};  // LogGP's o per message, by link class, seconds
   std::vector<double> egress_inv_, ingress_inv_, egress_free_, ingress_free_;
   bool dataflow_ = false;  // no rank CPU, egress or ingress is shared: evaluate without an event queue
 

@@ -1,7 +1,8 @@
 // The simulator: the verifier's walk of a program with time (DESIGN.md, "Programs"). It predicts how long one call
 // of a program takes on a topology, at any scale, without a network.
 //
-// Model (Hockney's alpha-beta model per message, plus FIFO servers for the resources ranks share):
+// Model (Hockney's alpha-beta model per message with LogGP's per-message CPU overhead o, plus FIFO servers for the
+// resources ranks share):
 //  - The walk is the executor's: each rank's lanes run concurrently; within a lane, steps run slice-major within a
 //    phase (slice 0 of every step of the phase, then slice 1, ...; a step with fewer slices is skipped for the
 //    higher slice indices), and phases (Step::fence) one after another. Chunks
@@ -13,7 +14,10 @@
 //  - Local work: each rank is one CPU, a FIFO server shared by its lanes. A step-slice occupies it for
 //    bytes / copy_Bps per copy and bytes / reduce_Bps (gamma) per reduction: send, recv, copy = 1 copy;
 //    recv_reduce, recv_reduce_send, reduce = 1 reduction; recv_reduce_copy_send = 1 reduction + 1 copy;
-//    recv_copy_send = 2 copies. A rate of 0 means free. The step-slice finishes when its work does.
+//    recv_copy_send = 2 copies. A rate of 0 means free. Each message costs its sender's step-slice, and again its
+//    receiver's, the link class's overhead (LinkParams::overhead_s; LogGP's o): a root that posts N-1 messages
+//    spends (N-1) o before the last one leaves, which is what makes trees beat direct exchanges at scale for small
+//    messages. The step-slice finishes when its work does.
 //  - A message leaves when its step-slice finishes and costs alpha + bytes / bandwidth of the pair's link class.
 //    Each connection (FIFO) is a server: its messages serialise on the bandwidth term, latency overlaps
 //    (LogGP's view of alpha as latency, not occupancy). A message between hosts also needs the sender host's
@@ -26,7 +30,8 @@
 //    CPU, egress or ingress is shared by two lanes or connections (one lane per rank or free local work; at most
 //    one connection through each limited host link), every time is a max-plus function of its predecessors and
 //    the walk runs without an event queue, in any order, with the same result.
-//  - Simplifications: a copy is charged even where the executor skips it (in place); all-to-allv is taken as
+//  - Simplifications: a copy is charged even where the executor skips it (in place); a coarsened step (below)
+//    pays one overhead per simulated slice, not per real one; all-to-allv is taken as
 //    uniform (`count` per peer); every rank has a CPU of its own (Host::cores is not consulted); a link class
 //    with bandwidth 0 is unlimited.
 //

@@ -28,12 +28,13 @@ using OrderedJson = nlohmann::ordered_json;
 
 constexpr const char* kLinkNames[kLinkClasses] = {"same_process", "same_numa", "cross_numa", "gpu_peer", "network"};
 // Measured on the development machines (MACHINE-NOTES.md) and typical NVLink / Ethernet figures.
+// {alpha, bandwidth, overhead}
 constexpr LinkParams kDefaultLinks[kLinkClasses] = {
-    {1e-6, 8e9},     // same_process
-    {3e-6, 6e9},     // same_numa
-    {4e-6, 4e9},     // cross_numa
-    {3e-6, 150e9},   // gpu_peer
-    {30e-6, 1.25e9}  // network
+    {1e-6, 8e9, 0.2e-6},   // same_process
+    {3e-6, 6e9, 0.3e-6},   // same_numa
+    {4e-6, 4e9, 0.4e-6},   // cross_numa
+    {3e-6, 150e9, 2e-6},   // gpu_peer
+    {30e-6, 1.25e9, 3e-6}  // network
 };
 constexpr double kDefaultReduceBps = 4e9;
 constexpr double kDefaultCopyBps = 8e9;
@@ -143,6 +144,7 @@ void validate_impl(const Topology& t, const std::string& prefix, const std::func
   for (int c = 0; c < kLinkClasses; ++c) {
     check_nonneg(t.links[static_cast<size_t>(c)].alpha_s * 1e6, cat("links.", kLinkNames[c], ".alpha_us"));
     check_nonneg(t.links[static_cast<size_t>(c)].bandwidth_Bps / 1e9, cat("links.", kLinkNames[c], ".bandwidth_GBps"));
+    check_nonneg(t.links[static_cast<size_t>(c)].overhead_s * 1e6, cat("links.", kLinkNames[c], ".overhead_us"));
   }
   check_nonneg(t.reduce_Bps / 1e9, "reduce_GBps");
   check_nonneg(t.copy_Bps / 1e9, "copy_GBps");
@@ -258,9 +260,9 @@ class Reader {
     }
   }
 
-  // "links": {"<class>": {"alpha_us": x, "bandwidth_GBps": y}, ...}: sets the fields present. `strict`: unknown
-  // fields are errors and values must be >= 0 (topology files); else unknown fields are ignored and values must be
-  // > 0 (tuning files, written by a tool that may record more).
+  // "links": {"<class>": {"alpha_us": x, "bandwidth_GBps": y, "overhead_us": z}, ...}: sets the fields present.
+  // `strict`: unknown fields are errors and values must be >= 0 (topology files); else unknown fields are ignored and
+  // values must be > 0 (tuning files, written by a tool that may record more).
   void links(const Json& j, std::array<LinkParams, kLinkClasses>& out, bool strict) const {
     object(j, "links");
     for (auto it = j.begin(); it != j.end(); ++it) {
@@ -270,11 +272,13 @@ class Reader {
       while (c < kLinkClasses && it.key() != kLinkNames[c]) ++c;
       if (c == kLinkClasses) fail(path, cat("unknown link class (known: ", link_name_list(), ")"));
       const Json& lj = object(it.value(), path);
-      if (strict) only(lj, path, {"alpha_us", "bandwidth_GBps"});
+      if (strict) only(lj, path, {"alpha_us", "bandwidth_GBps", "overhead_us"});
       LinkParams& lp = out[static_cast<size_t>(c)];
       if (const Json* a = find(lj, "alpha_us")) lp.alpha_s = us_to_s(value(*a, join(path, "alpha_us"), strict));
       if (const Json* b = find(lj, "bandwidth_GBps"))
         lp.bandwidth_Bps = gbps_to_bps(value(*b, join(path, "bandwidth_GBps"), strict));
+      if (const Json* o = find(lj, "overhead_us"))
+        lp.overhead_s = us_to_s(value(*o, join(path, "overhead_us"), strict));
     }
   }
 
@@ -548,6 +552,7 @@ void apply_default_costs(Topology& t) {
     LinkParams& lp = t.links[static_cast<size_t>(c)];
     if (lp.alpha_s == 0) lp.alpha_s = kDefaultLinks[c].alpha_s;
     if (lp.bandwidth_Bps == 0) lp.bandwidth_Bps = kDefaultLinks[c].bandwidth_Bps;
+    if (lp.overhead_s == 0) lp.overhead_s = kDefaultLinks[c].overhead_s;
   }
   if (t.reduce_Bps == 0) t.reduce_Bps = kDefaultReduceBps;
   if (t.copy_Bps == 0) t.copy_Bps = kDefaultCopyBps;
@@ -656,7 +661,9 @@ std::string to_json(const Topology& t) {
   OrderedJson links;
   for (int c = 0; c < kLinkClasses; ++c) {
     const LinkParams& lp = t.links[static_cast<size_t>(c)];
-    links[kLinkNames[c]] = {{"alpha_us", s_for_file(lp.alpha_s)}, {"bandwidth_GBps", bps_for_file(lp.bandwidth_Bps)}};
+    links[kLinkNames[c]] = {{"alpha_us", s_for_file(lp.alpha_s)},
+                            {"bandwidth_GBps", bps_for_file(lp.bandwidth_Bps)},
+                            {"overhead_us", s_for_file(lp.overhead_s)}};
   }
   j["links"] = links;
   j["reduce_GBps"] = bps_for_file(t.reduce_Bps);
@@ -873,11 +880,12 @@ std::string describe(const Topology& t) {
     }
     h += m;
   }
-  os << "Links (per connection, one direction; a message of b bytes costs alpha + b / bandwidth):\n";
+  os << "Links (per connection, one direction; a message of b bytes costs alpha + b / bandwidth, and overhead of\n"
+        "the sender's and the receiver's CPU):\n";
   for (int c = 0; c < kLinkClasses; ++c) {
     const LinkParams& lp = t.links[static_cast<size_t>(c)];
-    std::snprintf(line, sizeof(line), "  %-13s alpha %8.3g us   bandwidth %8.4g GB/s\n", kLinkNames[c],
-                  lp.alpha_s * 1e6, lp.bandwidth_Bps / 1e9);
+    std::snprintf(line, sizeof(line), "  %-13s alpha %8.3g us   bandwidth %8.4g GB/s   overhead %8.3g us\n",
+                  kLinkNames[c], lp.alpha_s * 1e6, lp.bandwidth_Bps / 1e9, lp.overhead_s * 1e6);
     os << line;
   }
   os << "Reduce " << gbps_text(t.reduce_Bps) << " of output per rank, copy " << gbps_text(t.copy_Bps) << "\n";

@@ -32,10 +32,13 @@ const char* link_class_name(LinkClass c);  // "same_process", "same_numa", "cros
 // The class named `name`, or throws chorusInvalidArgument listing the names.
 LinkClass link_class_from_name(const std::string& name);
 
-// Cost of one message of b bytes on one connection: alpha + b / bandwidth (Hockney's model).
+// Cost of one message of b bytes on one connection: alpha + b / bandwidth (Hockney's model), plus `overhead_s` of
+// the sender's CPU and again of the receiver's (LogGP's o: Alexandrov et al., "LogGP", SPAA 1995). Alpha overlaps
+// with other messages; the overhead does not: a rank that posts k messages spends k * overhead_s doing it.
 struct LinkParams {
   double alpha_s = 0;        // latency of one message, seconds
   double bandwidth_Bps = 0;  // one direction, one connection, bytes per second
+  double overhead_s = 0;     // CPU time one message costs its sender, and its receiver, seconds (LogGP's o)
   bool operator==(const LinkParams&) const = default;
 };
 
@@ -115,7 +118,7 @@ struct Topology {
 };
 
 // Default link parameters and gamma (measured on the development machines; MACHINE-NOTES.md), used for every
-// value no file provides: every zero alpha, bandwidth, reduce_Bps, copy_Bps. A host's zero net_egress/ingress
+// value no file provides: every zero alpha, bandwidth, overhead, reduce_Bps, copy_Bps. A host's zero net_egress/ingress
 // becomes the sum of its NICs' bandwidth, virtual NICs excepted (their speeds are nominal and they often sit on a
 // real NIC); still 0 without such NICs (only the per-connection bandwidth limits).
 void apply_default_costs(Topology& t);

@@ -151,6 +151,19 @@ TEST(Selector, CostModelSimulatesEveryCandidate) {
   EXPECT_STREQ(sel.choose(Coll::AllReduce, 1 << 22, 4, 0)->algorithm->name, "ring");
 }
 
+// With the default costs (per-message overhead included), small gathers and scatters go through the binomial tree
+// on many ranks, where the linear root would post or drain every message itself, and stay linear on few ranks and
+// for large blocks, where the tree's forwarding costs more than it saves.
+TEST(Selector, SmallRootedCallsUseTheTreeOnlyAtScale) {
+  for (Coll coll : {Coll::Gather, Coll::Scatter}) {
+    Selector few(topo::make_cluster({4}, 0), {}, 1);
+    Selector many(topo::make_cluster(std::vector<int>(16, 8), 0), {}, 1);
+    EXPECT_STREQ(few.choose(coll, 1, 4, 0)->algorithm->name, "linear");
+    EXPECT_STREQ(many.choose(coll, 1, 4, 0)->algorithm->name, "binomial") << many.choose(coll, 1, 4, 0)->why;
+    EXPECT_STREQ(many.choose(coll, size_t{1} << 16, 4, 5)->algorithm->name, "linear");
+  }
+}
+
 TEST(Selector, PerCallBeatsOverrideBeatsModel) {
   const topo::Topology t = one_host(4);
   Selector sel(t, {}, 1, parse_algo_overrides("allreduce:0-64K:ring"));

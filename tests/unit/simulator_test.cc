@@ -75,6 +75,30 @@ TEST(Simulator, OneMessageIsAlphaPlusBytesOverBandwidth) {
   EXPECT_DOUBLE_EQ(r.cpu_busy_max_s, 4000 / 2e9);
 }
 
+TEST(Simulator, PerMessageOverheadIsPaidAtBothEndsAndSerialisesARoot) {
+  // LogGP's o: one message costs o of the sender's CPU, alpha + bytes / bandwidth on the wire, o of the receiver's.
+  const double alpha = 3e-6, bw = 1e9, o = 0.5e-6;
+  SimResult r = simulate(flows(2, {{0, 1}}), cluster(1, 2, {alpha, bw, o}), 1000, 4);
+  EXPECT_DOUBLE_EQ(r.seconds, o + alpha + 4000 / bw + o);
+  EXPECT_DOUBLE_EQ(r.cpu_busy_max_s, o);
+
+  // A linear scatter of one float per rank: the root posts n-1 messages one after another, so the last leaves at
+  // (n-1) o and lands alpha + 4 / bw + o later. Alpha overlaps; the overhead does not.
+  for (int n : {4, 64}) {
+    const Program lin = linear_scatter({n, 0, 1});
+    r = simulate(lin, cluster(1, n, {alpha, bw, o}), 1, 4);
+    EXPECT_NEAR(r.seconds, n * o + alpha + 4 / bw, 1e-12) << n;
+    EXPECT_NEAR(r.cpu_busy_max_s, (n - 1) * o, 1e-12) << n;
+  }
+  // So the binomial tree (log2 n rounds of o + alpha + o) loses to the direct exchange at 4 ranks and wins at 256.
+  for (auto [n, tree_wins] : {std::pair{4, false}, std::pair{256, true}}) {
+    const topo::Topology t = cluster(1, n, {alpha, bw, o});
+    const double lin = simulate(linear_scatter({n, 0, 1}), t, 1, 4).seconds;
+    const double tree = simulate(binomial_scatter({n, 0, 1}), t, 1, 4).seconds;
+    EXPECT_EQ(tree < lin, tree_wins) << n << " ranks: linear " << lin << " s, binomial " << tree << " s";
+  }
+}
+
 TEST(Simulator, SlicesPipelineOnOneConnection) {
   // 4 MiB in 16 slices of 256 KiB: the connection serialises the bandwidth terms, latency is paid once.
   const topo::LinkParams lp{3e-6, 2e9};

@@ -207,7 +207,9 @@ TEST(Topology, JsonRoundTrip) {
   EXPECT_EQ(back, t) << text;
   EXPECT_EQ(to_json(back), text);
   // Values are written in the file's units, shortest form: 30 us, not 3.0000000000000001e-05 s.
-  EXPECT_NE(text.find("\"network\": {\"alpha_us\": 30.0, \"bandwidth_GBps\": 1.25}"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"network\": {\"alpha_us\": 30.0, \"bandwidth_GBps\": 1.25, \"overhead_us\": 3.0}"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("\"bandwidth_GBps\": 0.119"), std::string::npos) << text;
 
   // Implicit placement round-trips as "nranks" and alike hosts named x-0, x-1, ... as one entry with "count".
@@ -472,6 +474,9 @@ TEST(Topology, ValidateRejectsBadIndices) {
   t.links[static_cast<int>(LinkClass::SameNuma)].alpha_s = -1e-6;
   expect_invalid(t, "links.same_numa.alpha_us: -1 must be a finite number >= 0");
   t = good;
+  t.links[static_cast<int>(LinkClass::Network)].overhead_s = -2e-6;
+  expect_invalid(t, "links.network.overhead_us: -2 must be a finite number >= 0");
+  t = good;
   t.hosts.clear();
   expect_invalid(t, "hosts: a topology needs at least one host");
   t = good;
@@ -484,12 +489,14 @@ TEST(Topology, TuneFileOverrides) {
   const Topology before = t;
   TempFile f("tune.json", R"({"version": 1, "tool": "chorus-tune", "measured_at": "2026-12-01",
       "links": {"same_numa": {"alpha_us": 1.5, "bandwidth_GBps": 7.25, "samples": 20},
-                "network": {"alpha_us": 55}},
+                "network": {"alpha_us": 55, "overhead_us": 4.5}},
       "reduce_GBps": 9.5})");
   apply_tune_file(t, f.path);
   EXPECT_DOUBLE_EQ(t.links[static_cast<int>(LinkClass::SameNuma)].alpha_s, 1.5e-6);
   EXPECT_DOUBLE_EQ(t.links[static_cast<int>(LinkClass::SameNuma)].bandwidth_Bps, 7.25e9);
   EXPECT_DOUBLE_EQ(t.links[static_cast<int>(LinkClass::Network)].alpha_s, 55e-6);
+  EXPECT_DOUBLE_EQ(t.links[static_cast<int>(LinkClass::Network)].overhead_s, 4.5e-6);
+  EXPECT_DOUBLE_EQ(t.links[static_cast<int>(LinkClass::SameNuma)].overhead_s, 0.3e-6);     // default, kept
   EXPECT_DOUBLE_EQ(t.links[static_cast<int>(LinkClass::Network)].bandwidth_Bps, 0.119e9);  // the file's, kept
   EXPECT_DOUBLE_EQ(t.links[static_cast<int>(LinkClass::CrossNuma)].alpha_s, 4e-6);         // default, kept
   EXPECT_DOUBLE_EQ(t.reduce_Bps, 9.5e9);
