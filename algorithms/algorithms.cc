@@ -30,21 +30,33 @@ Program tree_barrier(const ProgramParams& p) {
   return prog;
 }
 
+// Floors (CostFloor) of the algorithms whose cost grows linearly with the rank count.
+CostFloor two_ring_passes(int n) { return {2 * int64_t{n - 1}, 4 * int64_t{n - 1}}; }  // all-reduce: RS then AG
+CostFloor one_ring_pass(int n) { return {int64_t{n - 1}, 2 * int64_t{n - 1}}; }
+CostFloor chain(int n) { return {int64_t{n - 1}, 0}; }
+// N(N-1) messages in all, so on average (and so on the busiest rank) N-1 sent and N-1 received: every rank
+// exchanges a message with every other rank each way (pairwise, one-shot), or every block travels alone (PAT).
+CostFloor n_minus_1_each_way(int n) { return {0, 2 * int64_t{n - 1}}; }
+// The root alone sends or receives N-1 messages.
+CostFloor root_of_all(int n) { return {0, int64_t{n - 1}}; }
+
 constexpr AlgorithmInfo kAlgorithms[] = {
     {0, Coll::AllReduce, "ring", "ring reduce-scatter then all-gather, 2(N-1) steps (Patarasuk & Yuan 2009)",
-     ring_allreduce},
-    {1, Coll::AllGather, "ring", "ring all-gather, N-1 steps (Thakur, Rabenseifner and Gropp 2005)", ring_allgather},
-    {2, Coll::ReduceScatter, "ring", "ring reduce-scatter, N-1 steps (Patarasuk and Yuan 2009)", ring_reduce_scatter},
-    {3, Coll::Broadcast, "ring", "pipelined chain from the root around the ring", chain_broadcast},
-    {4, Coll::Reduce, "ring", "pipelined chain around the ring ending at the root", chain_reduce},
+     ring_allreduce, two_ring_passes},
+    {1, Coll::AllGather, "ring", "ring all-gather, N-1 steps (Thakur, Rabenseifner and Gropp 2005)", ring_allgather,
+     one_ring_pass},
+    {2, Coll::ReduceScatter, "ring", "ring reduce-scatter, N-1 steps (Patarasuk and Yuan 2009)", ring_reduce_scatter,
+     one_ring_pass},
+    {3, Coll::Broadcast, "ring", "pipelined chain from the root around the ring", chain_broadcast, chain},
+    {4, Coll::Reduce, "ring", "pipelined chain around the ring ending at the root", chain_reduce, chain},
     {5, Coll::AllToAll, "pairwise", "pairwise exchange, N-1 steps, step t pairs ranks t apart (Thakur et al. 2005)",
-     pairwise_alltoall},
-    {6, Coll::AllToAllv, "pairwise", "pairwise exchange with per-peer counts", pairwise_alltoallv},
+     pairwise_alltoall, n_minus_1_each_way},
+    {6, Coll::AllToAllv, "pairwise", "pairwise exchange with per-peer counts", pairwise_alltoallv, n_minus_1_each_way},
     {7, Coll::Barrier, "oneshot", "zero-byte one-shot all-reduce: every rank hears from every rank in one hop",
-     oneshot_barrier},
+     oneshot_barrier, n_minus_1_each_way},
     {8, Coll::AllReduce, "oneshot",
      "every rank sends its input to every rank and reduces in rank order: one hop, for small messages",
-     oneshot_allreduce},
+     oneshot_allreduce, n_minus_1_each_way},
     {9, Coll::AllReduce, "tree",
      "double binary tree: reduce up and broadcast down two trees, each carrying half (Sanders et al. 2009)",
      tree_allreduce},
@@ -60,9 +72,10 @@ constexpr AlgorithmInfo kAlgorithms[] = {
     {16, Coll::AllToAll, "bruck", "Bruck: ceil(log2 N) rounds, blocks forwarded through scratch (Bruck et al. 1997)",
      bruck_alltoall},
     {17, Coll::AllGather, "pat",
-     "PAT-style (NCCL 2.23 parallel aggregated trees): binomial trees at halving distances, no buffer", pat_allgather},
+     "PAT-style (NCCL 2.23 parallel aggregated trees): binomial trees at halving distances, no buffer", pat_allgather,
+     n_minus_1_each_way},
     {18, Coll::ReduceScatter, "pat", "PAT-style (NCCL 2.23): mirrored binomial trees, deepest first, one scratch block",
-     pat_reduce_scatter},
+     pat_reduce_scatter, n_minus_1_each_way},
     {19, Coll::AllReduce, "hier",
      "hierarchical: reduce-scatter in each host, all-reduce across hosts per part, all-gather in each host",
      hier_allreduce},
@@ -74,9 +87,9 @@ constexpr AlgorithmInfo kAlgorithms[] = {
      hier_alltoall},
     {23, Coll::Barrier, "tree", "zero-byte double-binary-tree all-reduce: 2 log2(N) hops, for any N", tree_barrier},
     {24, Coll::Gather, "linear", "every rank sends its block straight to the root: N-1 messages into the root",
-     linear_gather},
+     linear_gather, root_of_all},
     {25, Coll::Scatter, "linear", "the root sends each rank its block directly: N-1 messages out of the root",
-     linear_scatter},
+     linear_scatter, root_of_all},
     {26, Coll::Gather, "binomial",
      "binomial tree: each rank forwards its subtree's blocks as one message, ceil(log2 N) rounds (Chan et al. 2007)",
      binomial_gather},

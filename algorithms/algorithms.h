@@ -20,12 +20,26 @@ struct ProgramParams {
   std::vector<int> host_of_rank;
 };
 
+// What every run of an algorithm's program on `nranks` ranks pays, from its structure alone, so the selector can
+// skip generating and simulating a candidate that cannot win (selector.h). 0 claims nothing.
+//  - hops: messages on the longest chain in which each message can only leave once the one before it has arrived
+//    (a ring all-gather: N-1). Each costs at least alpha + 2 o of the cheapest link class.
+//  - rank_messages: messages the busiest rank sends plus receives (a linear gather's root: N-1). Each costs that
+//    rank's CPU at least o of the cheapest class, and a rank's CPU does one thing at a time.
+// Both are lower bounds for any count, channel count and host layout; tests/unit/selector_test.cc checks them
+// against the simulator.
+struct CostFloor {
+  int64_t hops = 0;
+  int64_t rank_messages = 0;
+};
+
 struct AlgorithmInfo {
   int id;
   Coll coll;
   const char* name;         // "ring", "pairwise", ...
   const char* description;  // one line, with the source for anything from the literature
   Program (*generate)(const ProgramParams&);
+  CostFloor (*floor)(int nranks) = nullptr;  // nullptr: no floor claimed (always simulated)
 };
 
 std::span<const AlgorithmInfo> algorithm_table();

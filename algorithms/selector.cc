@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <bit>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
+#include <tuple>
 
 #include "core/config.h"
 #include "core/error.h"
@@ -220,6 +222,29 @@ Selector::Selector(topo::Topology topology, SimOptions sim, int nchannels, AlgoO
   if (nchannels_ < 1)
     throw Error(chorusInvalidArgument, Subsys::Algorithms, cat("selector: nchannels ", nchannels_, " must be >= 1"));
   host_of_rank_ = topo_.host_of_rank();
+  // The cheapest hop and per-message overhead among the link classes this communicator has. A pair's class
+  // depends only on the hosts and on each rank's (process, NUMA node, GPU or not), so one rank per such signature
+  // and host stands for all (two ranks of one signature: the class of that rank with itself).
+  std::array<bool, topo::kLinkClasses> present{};
+  if (topo_.nhosts() > 1) present[static_cast<size_t>(topo::LinkClass::Network)] = true;
+  for (int h = 0; h < topo_.nhosts(); ++h) {
+    std::map<std::tuple<int, int, bool>, std::pair<int, int>> reps;  // signature -> (a rank, how many)
+    for (int r : topo_.ranks_of_host(h)) {
+      const topo::RankPlace& p = topo_.ranks[static_cast<size_t>(r)];
+      ++reps.try_emplace({p.process, p.numa, p.gpu >= 0}, r, 0).first->second.second;
+    }
+    for (auto a = reps.begin(); a != reps.end(); ++a)
+      for (auto b = a; b != reps.end(); ++b)
+        if (a != b || a->second.second > 1)
+          present[static_cast<size_t>(topo_.link(a->second.first, b->second.first))] = true;
+  }
+  hop_floor_s_ = overhead_floor_s_ = std::numeric_limits<double>::infinity();
+  for (size_t c = 0; c < present.size(); ++c) {
+    if (!present[c]) continue;
+    const topo::LinkParams& lp = topo_.links[c];
+    hop_floor_s_ = std::min(hop_floor_s_, lp.alpha_s + 2 * lp.overhead_s);
+    overhead_floor_s_ = std::min(overhead_floor_s_, lp.overhead_s);
+  }
 }
 
 std::shared_ptr<const Choice> Selector::choose(Coll coll, size_t count, size_t elem_size, int root,
@@ -281,6 +306,12 @@ void Selector::simulate_candidate(Candidate& c, int root, size_t count, size_t e
   } catch (const Error& e) {
     c.note = cat("could not be simulated: ", e.what());
   }
+}
+
+double Selector::floor_seconds(const AlgorithmInfo& algorithm) const {
+  if (algorithm.floor == nullptr || !std::isfinite(hop_floor_s_)) return 0;
+  const CostFloor f = algorithm.floor(topo_.nranks());
+  return std::max(static_cast<double>(f.hops) * hop_floor_s_, static_cast<double>(f.rank_messages) * overhead_floor_s_);
 }
 
 std::vector<Candidate> Selector::evaluate(Coll coll, size_t count, size_t elem_size, int root) const {
@@ -352,7 +383,25 @@ std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
                  i >= 0 ? choice->candidates[static_cast<size_t>(i)].note : "is unknown", "; ");
   }
 
-  for (size_t i = 0; i < choice->candidates.size(); ++i) run(i);
+  // Cheapest floors first; a candidate whose floor already exceeds the best prediction by more than the near-tie
+  // margin cannot be picked, so it is neither generated nor simulated.
+  std::vector<double> floors(choice->candidates.size());
+  std::vector<size_t> order(choice->candidates.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    floors[i] = floor_seconds(*choice->candidates[i].algorithm);
+    order[i] = i;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return floors[a] < floors[b]; });
+  double best_so_far = std::numeric_limits<double>::infinity();
+  for (size_t i : order) {
+    Candidate& c = choice->candidates[i];
+    if (floors[i] > best_so_far * kNearTie) {
+      c.note = "was not simulated: its cost floor (CostFloor) is slower than the best prediction";
+      continue;
+    }
+    run(i);
+    if (c.applicable) best_so_far = std::min(best_so_far, c.predicted_s);
+  }
   const int pick = pick_candidate(choice->candidates);
   if (pick < 0) {
     std::string notes;

@@ -164,6 +164,59 @@ TEST(Selector, SmallRootedCallsUseTheTreeOnlyAtScale) {
   }
 }
 
+// AlgorithmInfo::floor is a lower bound of what the simulator predicts, for any count, rank count and host layout:
+// checked with latency alone (hops) and with overhead alone (the busiest rank's messages).
+TEST(CostFloor, NeverExceedsTheSimulatedTime) {
+  const double alpha = 1e-6, o = 1e-6;
+  for (int n = 1; n <= 33; ++n)
+    for (int hosts : {1, 2, 3})
+      for (const AlgorithmInfo& a : algorithm_table()) {
+        if (a.floor == nullptr || n % hosts != 0) continue;
+        const CostFloor f = a.floor(n);
+        EXPECT_GE(f.hops, 0);
+        EXPECT_GE(f.rank_messages, 0);
+        topo::Topology t = topo::make_cluster(std::vector<int>(static_cast<size_t>(hosts), n / hosts), 0);
+        std::shared_ptr<const Program> prog;
+        try {
+          prog = get_program(a, {n, n / 2, 1 + n % 2, t.host_of_rank()});
+        } catch (const std::invalid_argument&) {
+          continue;  // does not apply (one-shot beyond 64 ranks)
+        }
+        for (size_t count : {size_t{0}, size_t{1}, size_t{1000}}) {
+          for (auto& lp : t.links) lp = {alpha, 0, 0};
+          t.copy_Bps = t.reduce_Bps = 0;
+          EXPECT_GE(simulate(*prog, t, count, 4).seconds, static_cast<double>(f.hops) * alpha * (1 - 1e-12))
+              << coll_name(a.coll) << " " << a.name << " " << n << " ranks, " << hosts << " hosts, count " << count;
+          for (auto& lp : t.links) lp = {0, 0, o};
+          EXPECT_GE(simulate(*prog, t, count, 4).seconds, static_cast<double>(f.rank_messages) * o * (1 - 1e-12))
+              << coll_name(a.coll) << " " << a.name << " " << n << " ranks, " << hosts << " hosts, count " << count;
+        }
+      }
+}
+
+// Skipping candidates by their floor never changes a decision: the cost model picks what picking among every
+// simulated candidate picks.
+TEST(Selector, CostFloorsDoNotChangeDecisions) {
+  int skipped = 0;
+  for (auto [n, hosts] : {std::pair{4, 1}, std::pair{8, 1}, std::pair{16, 2}, std::pair{64, 8}}) {
+    Selector sel(topo::make_cluster(std::vector<int>(static_cast<size_t>(hosts), n / hosts), 0), {}, 1);
+    for (Coll coll : {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::Broadcast, Coll::Reduce,
+                      Coll::AllToAll, Coll::Gather, Coll::Scatter, Coll::Barrier})
+      for (size_t count : {size_t{1}, size_t{64}, size_t{4096}, size_t{1} << 18}) {
+        const size_t c = coll == Coll::Barrier ? 0 : count;
+        const int root = rooted(coll) ? n - 1 : 0;
+        const int all = pick_candidate(sel.evaluate(coll, decision_count(c), 4, root));
+        ASSERT_GE(all, 0);
+        auto choice = sel.choose(coll, c, 4, root);
+        EXPECT_EQ(choice->algorithm, sel.evaluate(coll, c, 4, root)[static_cast<size_t>(all)].algorithm)
+            << coll_name(coll) << " " << n << " ranks, count " << c << ": " << choice->why;
+        for (const Candidate& cand : choice->candidates) skipped += has(cand.note, "cost floor") ? 1 : 0;
+        if (coll == Coll::Barrier) break;
+      }
+  }
+  EXPECT_GT(skipped, 20);  // the floors do skip candidates (rings and direct exchanges at small sizes)
+}
+
 TEST(Selector, PerCallBeatsOverrideBeatsModel) {
   const topo::Topology t = one_host(4);
   Selector sel(t, {}, 1, parse_algo_overrides("allreduce:0-64K:ring"));
@@ -288,7 +341,8 @@ TEST(Selector, ANamedAlgorithmIsTheOnlyOneSimulated) {
   EXPECT_TRUE(only(*ruled));
   auto model = sel.choose(Coll::AllReduce, 1001, 4, 0);
   EXPECT_EQ(model->reason, ChoiceReason::CostModel);
-  for (const Candidate& cand : model->candidates) EXPECT_TRUE(cand.applicable || has(cand.note, "does not apply"));
+  for (const Candidate& cand : model->candidates)
+    EXPECT_TRUE(cand.applicable || has(cand.note, "does not apply") || has(cand.note, "cost floor")) << cand.note;
   // evaluate(): every candidate at the exact count, as simulate() gives it.
   const std::vector<Candidate> all = sel.evaluate(Coll::AllReduce, 1001, 4, 0);
   ASSERT_EQ(all.size(), model->candidates.size());
@@ -319,7 +373,7 @@ TEST(Selector, AlgorithmsThatDoNotApplyAreSkipped) {
     auto c = sel.choose(coll, 4096, 4, 0);
     ASSERT_NE(c->algorithm, nullptr);
     for (const Candidate& cand : c->candidates) {
-      if (!cand.applicable) {
+      if (!cand.applicable && !has(cand.note, "cost floor")) {
         EXPECT_NE(cand.algorithm, c->algorithm);
         EXPECT_TRUE(has(cand.note, "does not apply")) << cand.note;
         const std::string e =
