@@ -298,7 +298,17 @@ int parse_options(int argc, char** argv, const ToolInfo& tool, Options* out, boo
         case 'c': o.check_iters = parse_int(optarg, 0, 1 << 20); break;
         case 'd': o.dtypes = parse_dtypes(optarg, tool); break;
         case 'o': o.ops = parse_ops(optarg, tool); break;
-        case 'r': o.root = std::string_view(optarg) == "all" ? -1 : parse_int(optarg, -1, 1 << 30); break;
+        case 'r':
+          if (std::string_view(optarg) == "all") {
+            o.root = -1;
+          } else {
+            try {
+              o.root = parse_int(optarg, -1, 1 << 30);
+            } catch (const BadValue&) {
+              throw BadValue{"must be a rank >= 0, or -1 or 'all' (every root in turn)"};
+            }
+          }
+          break;
         case 'z': o.blocking = parse_int(optarg, 0, 1) != 0; break;
         case 'a': o.average = static_cast<Average>(parse_int(optarg, 0, 3)); break;
         case 't': o.nthreads = parse_int(optarg, 1, 1024); break;
@@ -982,8 +992,9 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
 
   if (coll.rooted() && opts.root >= n) {
     if (leader)
-      std::fprintf(stderr, "%s: invalid value '%d' for -r/--root: must be in [0, %d) or -1 (all)\n", tool.name.c_str(),
-                   opts.root, n);
+      std::fprintf(stderr,
+                   "%s: invalid value '%d' for -r/--root: must be in [0, %d), or -1 or 'all' (every root in turn)\n",
+                   tool.name.c_str(), opts.root, n);
     return kExitUsage;
   }
 
@@ -1038,8 +1049,12 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
           const DataModel model = make_model(op, dt, n);
           const chorusRedOp_t redop = coll.reduces() ? b.acquire_op(op, dt) : chorusSum;
           for (int root : roots) {
+            size_t prev_elements = SIZE_MAX;
             for (size_t bytes : sizes) {
               const Layout l = coll.layout(bytes, ts, n);
+              // Sizes that round down to the same element count (0 and 1 byte of floats) would repeat a row.
+              if (l.elements == prev_elements) continue;
+              prev_elements = l.elements;
               Row row;
               row.bytes = l.bytes;
               row.elements = l.elements;

@@ -11,7 +11,10 @@
  *  - Thread safety: one communicator is driven by one thread at a time (as with NCCL and MPI); different
  *    communicators may be used from different threads at once. chorusCommAbort may be called from any thread.
  *  - All ranks of a communicator call its collectives in the same order with matching arguments. A mismatch
- *    (different collective, count, dtype, op or root) is detected and reported on every rank.
+ *    (different collective, count, dtype, op or root) is detected and reported on every rank: the mismatched call
+ *    fails on every rank that exchanges a message with a mismatched peer; a rank whose own messages all matched may
+ *    return chorusSuccess from that call, and then gets chorusRemoteError from its next call (or from
+ *    chorusCommGetAsyncError), since the mismatch breaks the communicator.
  *  - Buffers: host memory with stream NULL, and the call blocks until the operation is complete. In a CUDA build
  *    the blocking collectives, chorusSend and chorusRecv also take device buffers: given a cudaStream_t (or device
  *    buffers with stream NULL, the legacy default stream) the call is ordered on the stream and returns at once
@@ -135,7 +138,8 @@ size_t chorusTypeSize(chorusDataType_t dtype);
  * create one id per communicator, not ahead of need. */
 chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId);
 /* Collective over `nranks` processes or threads: each calls it with its own `rank` in [0, nranks). Blocks until all
- * have joined or CHORUS_TIMEOUT_MS passes. */
+ * have joined or CHORUS_TIMEOUT_MS passes. On failure *comm is left as it was and chorusGetLastError(NULL) says why
+ * (as for chorusCommInitFromEnv). */
 chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank);
 /* Init from the launcher's environment: torchrun (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK),
  * Open MPI (OMPI_COMM_WORLD_*), Slurm (SLURM_*), PMI (PMI_*); CHORUS_RANK, CHORUS_NRANKS, CHORUS_ROOT_ADDR
@@ -247,7 +251,7 @@ typedef struct {
 typedef struct {
   size_t size;
   /* Algorithm for this call, by name as `chorus-info` lists them for the collective ("ring", "tree", "rhd", "bruck",
-   * "pat", "hier", "oneshot", "pairwise"), or NULL (or "") to let the selector choose (CHORUS_ALGO, then the cost
+   * "pat", "hier", "oneshot", "pairwise"; gather and scatter: "linear", "binomial"), or NULL (or "") to let the selector choose (CHORUS_ALGO, then the cost
    * model).
    * Every rank must pass the same name. An unknown name is chorusInvalidArgument listing the known ones. */
   const char* algorithm;

@@ -255,7 +255,7 @@ class Reader {
   Json parse(const std::string& text) const {
     try {
       return Json::parse(text);
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
       invalid(cat(prefix_, "not valid JSON: ", e.what()));
     }
   }

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -324,6 +325,10 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   EXPECT_NE(codec.out.find("-Z/--compression needs -d float"), std::string::npos) << codec.out;
   Result flag = run(tool + " -Q");
   EXPECT_EQ(flag.code, 2) << flag.out;
+  Result root = run(tool + " -r -2");
+  EXPECT_EQ(root.code, 2) << root.out;
+  EXPECT_NE(root.out.find("-r/--root: must be a rank >= 0, or -1 or 'all' (every root in turn)"), std::string::npos)
+      << root.out;
   // Point-to-point has no compressed form: -Z used to run it uncompressed and report a codec error of 0.
   Result p2p = run(std::string(SENDRECV_PERF) + " -t 2 -b 8 -e 64 -n 2 -w 1 -Z int8");
   EXPECT_EQ(p2p.code, 2) << p2p.out;
@@ -342,6 +347,22 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   EXPECT_EQ(launched.code, 2) << launched.out;
   EXPECT_NE(launched.out.find("cannot write it: Is a directory"), std::string::npos) << launched.out;
   EXPECT_EQ(launched.out.find("exited with code 1"), std::string::npos) << launched.out;
+}
+
+// A sweep from 0 bytes by doubling visits 0, 1, 2, 4 and 8 bytes: 0, 0, 0, 1 and 2 floats. A row per element count,
+// not per byte count (it used to print three rows of 0 elements).
+TEST(PerfTools, SizesOfTheSameElementCountGiveOneRow) {
+  Result r = run(std::string(ALL_REDUCE_PERF) + " -t 2 -b 0 -e 8 -f 2 -n 1 -w 0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> sizes;  // first column of every table row
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string first;
+    if (line.empty() || line[0] == '#' || !(words >> first)) continue;
+    if (first.find_first_not_of("0123456789") == std::string::npos) sizes.push_back(first);
+  }
+  EXPECT_EQ(sizes, (std::vector<std::string>{"0", "4", "8"})) << r.out;
 }
 
 // Halving/doubling and Bruck move runs of chunks, one round per phase: with 4 KiB slices and two slots per

@@ -357,6 +357,7 @@ TEST(Topology, FileErrorsNameTheField) {
   };
   const Case cases[] = {
       {"{", "not valid JSON"},
+      {R"({"hosts": [{"nics": [{"bandwidth_GBps": 1e400}]}]})", "not valid JSON"},  // out of double's range
       {"[]", "(top level): expected an object, got array"},
       {R"({"hosts": []})", "hosts: empty"},
       {R"({"version": 1})", "hosts: missing"},
@@ -517,6 +518,10 @@ TEST(Topology, TuneFileOverrides) {
   TempFile k("badtune3.json", R"({"copy_GBps": "fast"})");
   const std::string msg3 = error_of([&] { apply_tune_file(u, k.path); });
   EXPECT_NE(msg3.find("copy_GBps: expected a number"), std::string::npos) << msg3;
+  TempFile m("badtune4.json", R"({"links": {"network": {"overhead_us": 1e400}}})");
+  const std::string msg4 = error_of([&] { apply_tune_file(u, m.path); });
+  EXPECT_NE(msg4.find(cat("tune file ", m.path, ": not valid JSON")), std::string::npos) << msg4;
+  EXPECT_EQ(u, before);
   error_of([&] { apply_tune_file(u, "/nonexistent-dir/tune.json"); }, chorusSystemError);
 }
 
