@@ -337,6 +337,19 @@ std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
     simulate_candidate(choice->candidates[i], key.root, key.count, key.elem_size, &programs[i]);
     simulated[i] = true;
   };
+  // A named algorithm is generated, not simulated: nothing is compared with it, and a simulation costs what the
+  // program's messages cost (minutes for a pairwise all-to-all on 4096 ranks, docs/perf/selector-4096-ranks-*).
+  auto generate_named = [&](size_t i) {
+    Candidate& c = choice->candidates[i];
+    try {
+      programs[i] = program(*c.algorithm, key.root);
+      c.applicable = true;
+      c.predicted_s = std::numeric_limits<double>::quiet_NaN();
+      c.note = "was named: generated, not simulated";
+    } catch (const std::invalid_argument& e) {
+      c.note = cat("does not apply: ", e.what());
+    }
+  };
   auto index_of = [&](const std::string& name) -> int {
     for (size_t i = 0; i < choice->candidates.size(); ++i)
       if (name == choice->candidates[i].algorithm->name) return static_cast<int>(i);
@@ -361,24 +374,21 @@ std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
       throw Error(chorusInvalidArgument, Subsys::Algorithms,
                   cat("unknown algorithm '", key.algorithm, "' for ", coll_name(coll),
                       " (known: ", algorithm_names(coll), ")"));
-    run(static_cast<size_t>(i));
+    generate_named(static_cast<size_t>(i));
     const Candidate& c = choice->candidates[static_cast<size_t>(i)];
     if (!c.applicable)
       throw Error(chorusInvalidArgument, Subsys::Algorithms,
                   cat("algorithm '", key.algorithm, "' for ", coll_name(coll), " on ", n, " ranks ", c.note));
-    return take(i, ChoiceReason::PerCall,
-                cat("per-call algorithm ", key.algorithm, " (predicted ", fmt_us(c.predicted_s), ")"));
+    return take(i, ChoiceReason::PerCall, cat("per-call algorithm ", key.algorithm));
   }
 
   std::string prefix;
   if (key.rule >= 0) {
     const AlgoRule& rule = overrides_.rules[static_cast<size_t>(coll)][static_cast<size_t>(key.rule)];
     const int i = index_of(rule.algorithm);
-    if (i >= 0) run(static_cast<size_t>(i));
+    if (i >= 0) generate_named(static_cast<size_t>(i));
     if (i >= 0 && choice->candidates[static_cast<size_t>(i)].applicable)
-      return take(i, ChoiceReason::Override,
-                  cat("CHORUS_ALGO rule '", rule.text, "' (predicted ",
-                      fmt_us(choice->candidates[static_cast<size_t>(i)].predicted_s), ")"));
+      return take(i, ChoiceReason::Override, cat("CHORUS_ALGO rule '", rule.text, "'"));
     prefix = cat("CHORUS_ALGO rule '", rule.text, "' ignored: ", rule.algorithm, " ",
                  i >= 0 ? choice->candidates[static_cast<size_t>(i)].note : "is unknown", "; ");
   }

@@ -86,21 +86,22 @@ const char* choice_reason_name(ChoiceReason r);  // "per-call", "CHORUS_ALGO", "
 
 struct Candidate {
   const AlgorithmInfo* algorithm = nullptr;
-  bool applicable = false;  // the generator accepted the communicator and the program simulated
-  double predicted_s = 0;   // simulated seconds (valid when applicable)
+  bool applicable = false;  // the generator accepted the communicator (and the program simulated, unless named)
+  double predicted_s = 0;   // simulated seconds (valid when applicable; NaN for a named algorithm: not simulated)
   std::string note;         // why it is not applicable, or that it was not simulated (another was named)
 };
 
 struct Choice {
   const AlgorithmInfo* algorithm = nullptr;  // from algorithm_table()
   std::shared_ptr<const Program> program;    // its program for this communicator (from get_program)
-  double predicted_s = 0;                    // the chosen program's simulated seconds
+  double predicted_s = 0;                    // the chosen program's simulated seconds; NaN when it was named
   ChoiceReason reason = ChoiceReason::CostModel;
   std::string why;     // one line for logs and chorus-plan
   size_t count = 0;    // the count the candidates were simulated at: decision_count() of the call's count
   uint64_t bytes = 0;  // selection_bytes at `count`
-  // Every table entry of the collective, in table order. Under the cost model all were simulated; when an
-  // algorithm was named (per call, or a CHORUS_ALGO rule that applies), only that one was.
+  // Every table entry of the collective, in table order. Under the cost model all were simulated but those whose
+  // cost floor loses; when an algorithm was named (per call, or a CHORUS_ALGO rule that applies), only that one
+  // was generated, and none was simulated.
   std::vector<Candidate> candidates;
 };
 

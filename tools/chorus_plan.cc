@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,6 +53,8 @@ constexpr const char* kUsage =
     "  --fifo-depth D     slots per connection (default CHORUS_FIFO_DEPTH)\n"
     "  --root R           root of broadcast, reduce, gather and scatter (default 0)\n"
     "  --why              print the reason of every choice\n"
+    "  --choice-only      print only the choice and its prediction, deciding as the library does (candidates that\n"
+    "                     the cost floors skip, or all but a named one, are not simulated): what a rank pays\n"
     "  --verify           also run the verifier on every chosen program (in place and out of place)\n"
     "CHORUS_ALGO (e.g. allreduce:0-64K:oneshot,64K-:ring) applies as it does in the library.\n";
 
@@ -111,7 +114,7 @@ int main(int argc, char** argv) {
   int64_t nranks = 8, hosts = 1, nchannels = -1, fifo_depth = -1, root = 0;
   int64_t slice_bytes = -1;
   double net_gbps = 0;
-  bool verify_programs = false, why = false;
+  bool verify_programs = false, why = false, choice_only = false;
   bool topo_given = false, tune_given = false, synthetic_given = false;
 
   for (int i = 1; i < argc; ++i) {
@@ -126,6 +129,10 @@ int main(int argc, char** argv) {
     }
     if (a == "--why") {
       why = true;
+      continue;
+    }
+    if (a == "--choice-only") {
+      choice_only = true;
       continue;
     }
     std::string flag = a, value;
@@ -286,10 +293,15 @@ int main(int argc, char** argv) {
     for (const AlgorithmInfo& a : algorithm_table())
       if (a.coll == coll) algos.push_back(&a);
     std::printf("#\n# %12s %12s", "size(B)", "count");
-    for (const AlgorithmInfo* a : algos) std::printf(" | %-28s", a->name);
-    std::printf(" | choice\n# %12s %12s", "", "(elements)");
-    for (size_t i = 0; i < algos.size(); ++i) std::printf(" | %10s %8s %8s", "time(us)", "algbw", "busbw");
-    std::printf(" |\n");
+    if (choice_only) {
+      std::printf(" | %-28s | choice\n# %12s %12s | %10s %8s %8s |\n", "chosen", "", "(elements)", "time(us)", "algbw",
+                  "busbw");
+    } else {
+      for (const AlgorithmInfo* a : algos) std::printf(" | %-28s", a->name);
+      std::printf(" | choice\n# %12s %12s", "", "(elements)");
+      for (size_t i = 0; i < algos.size(); ++i) std::printf(" | %10s %8s %8s", "time(us)", "algbw", "busbw");
+      std::printf(" |\n");
+    }
 
     std::map<std::string, std::shared_ptr<const Program>> chosen_programs;
     std::vector<std::string> notes;
@@ -297,12 +309,18 @@ int main(int argc, char** argv) {
     for (size_t count : counts) {
       const auto choice =
           selector.choose(coll, count, esz, static_cast<int>(root), algo.empty() ? nullptr : algo.c_str());
-      // The choice holds every candidate at this exact count only when the cost model decided at this count.
-      const std::vector<Candidate> candidates = choice->reason == ChoiceReason::CostModel && choice->count == count
-                                                    ? choice->candidates
-                                                    : selector.evaluate(coll, count, esz, static_cast<int>(root));
       const uint64_t bytes = selection_bytes(coll, count, esz, n);
       std::printf("  %12llu %12zu", static_cast<unsigned long long>(bytes), count);
+      // --choice-only: the chosen program's prediction at the count the selector decided at (named: none).
+      std::vector<Candidate> candidates;
+      if (choice_only)
+        candidates.push_back(Candidate{choice->algorithm, !std::isnan(choice->predicted_s), choice->predicted_s,
+                                       "was named: generated, not simulated"});
+      // The choice holds every candidate at this exact count only when the cost model decided at this count.
+      else if (choice->reason == ChoiceReason::CostModel && choice->count == count)
+        candidates = choice->candidates;
+      else
+        candidates = selector.evaluate(coll, count, esz, static_cast<int>(root));
       for (const Candidate& c : candidates) {
         if (!c.applicable) {
           std::printf(" | %10s %8s %8s", "n/a", "", "");
@@ -320,7 +338,10 @@ int main(int argc, char** argv) {
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     for (const std::string& note : notes) std::printf("%s\n", note.c_str());
-    std::printf("# %zu size(s) x %zu candidate(s) predicted in %.1f ms\n", counts.size(), algos.size(), ms);
+    if (choice_only)
+      std::printf("# %zu size(s) decided in %.1f ms\n", counts.size(), ms);
+    else
+      std::printf("# %zu size(s) x %zu candidate(s) predicted in %.1f ms\n", counts.size(), algos.size(), ms);
 
     int failures = 0;
     if (verify_programs) {
