@@ -69,7 +69,7 @@ constexpr AlgorithmInfo kAlgorithms[] = {
     {14, Coll::AllGather, "rhd", "recursive doubling, any N (Thakur et al. 2005)", rhd_allgather},
     {15, Coll::AllGather, "bruck", "Bruck: ceil(log2 N) rounds at distances 1, 2, 4... (Bruck et al. 1997)",
      bruck_allgather},
-    {16, Coll::AllToAll, "bruck", "Bruck: ceil(log2 N) rounds, blocks forwarded through scratch (Bruck et al. 1997)",
+    {16, Coll::AllToAll, "bruck", "Bruck: ceil(log2 N) rounds of one packed message each (Bruck et al. 1997; MPICH, Thakur et al. 2005)",
      bruck_alltoall},
     {17, Coll::AllGather, "pat",
      "PAT-style (NCCL 2.23 parallel aggregated trees): binomial trees at halving distances, no buffer", pat_allgather,

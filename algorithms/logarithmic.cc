@@ -383,34 +383,84 @@ Program bruck_allgather(const ProgramParams& p) {
   return prog;
 }
 
+// Bruck et al. 1997, as MPICH runs it for short messages (Thakur, Rabenseifner and Gropp 2005): ceil(log2 N)
+// rounds, one message each. Slot i of rank r holds a block bound for rank r + i; in the round at distance d every
+// slot with bit d set moves d ranks on, so the block from rank s for rank s + i arrives after the rounds of i's
+// bits. Those slots are not contiguous, so each round packs them into one run of scratch (copies), sends it as one
+// message, and unpacks what it receives: a slot's first move reads the input, its last writes the output.
+// One lane: a block is one chunk (parts 1), so packed runs stay contiguous whatever the channel count; Bruck is for
+// small blocks, where one message per round matters more than channels.
+// Scratch: W (slots, slot i at block n-1-i, so that a round's slots, packed in descending i, are ascending
+// blocks), then the pack and receive runs of `half` blocks each.
 Program bruck_alltoall(const ProgramParams& p) {
   Program prog = new_program(Coll::AllToAll, "bruck", p);
-  const int n = p.nranks, nch = p.nchannels;
+  const int n = p.nranks;
+  int half = 0;  // most slots one round moves
+  for (int d = 1; d < n; d *= 2) {
+    int moved = 0;
+    for (int i = 1; i < n; ++i) moved += (i & d) != 0;
+    half = std::max(half, moved);
+  }
+  const int pack0 = n, recv0 = n + half;
+  auto w = [&](int i) { return n - 1 - i; };
+  // Appends run `r` to `runs`, merged with the last one when it continues it.
+  auto add = [](std::vector<ChunkRef>& runs, ChunkRef r) {
+    if (r.count <= 0) return;
+    if (!runs.empty() && runs.back().buf == r.buf && runs.back().chunk + runs.back().count == r.chunk)
+      runs.back().count += r.count;
+    else
+      runs.push_back(r);
+  };
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
-    rp.input = rp.output = {n, nch};
-    if (n > 2) rp.scratch = {n, nch};
-    for (int ch = 0; ch < nch; ++ch) {
-      Lane lane{ch, {}};
-      auto ib = [&](int b) { return in(mod(b, n) * nch + ch); };
-      auto ob = [&](int b) { return out(mod(b, n) * nch + ch); };
-      auto sb = [&](int slot) { return scr(slot * nch + ch); };
-      // Slot i of rank r holds a block bound for rank r + i; in round k every slot with bit k set moves 2^k
-      // ranks on, so the block from rank s for rank s + i arrives after the rounds of i's bits. A slot lives in
-      // scratch between its first and its last move.
-      lane.steps.push_back(copy(ib(r), ob(r), false));
-      for (int d = 1; d < n; d *= 2) {
-        std::vector<Step> st;
-        for (int i = 1; i < n; ++i) {
-          if ((i & d) == 0) continue;
-          const bool first = (i & (d - 1)) == 0, last = (i & ~(2 * d - 1)) == 0;
-          st.push_back(send(mod(r + d, n), first ? ib(r + i) : sb(i)));
-          st.push_back(recv(mod(r - d, n), last ? ob(r - i) : sb(i)));
+    rp.input = rp.output = {n, 1};
+    if (n > 1) rp.scratch = {n + 2 * half, 1};
+    Lane lane{0, {}};
+    lane.steps.push_back(copy(in(r), out(r), false));
+    for (int d = 1; d < n; d *= 2) {
+      // The slots that move, in descending i, as runs of the source (pack) and of the destination (unpack). The
+      // slots with bit d set come in runs [a, a + d) for a = d, 3d, 5d...; in one run only i = a moves for the
+      // first time and, when a == d, every slot moves for the last time.
+      std::vector<ChunkRef> sources, dests;
+      int moved = 0;
+      const int top_a = ((n - 1 - d) / (2 * d)) * 2 * d + d;
+      for (int a = top_a; a >= d; a -= 2 * d) {
+        const int end = std::min(a + d, n);  // slots [a, end)
+        moved += end - a;
+        add(sources, scr(w(end - 1), end - 1 - a));  // slots end-1 .. a+1: moved before
+        add(sources, in(mod(r + a, n)));             // slot a: its first move
+        if (a == d) {  // last move: slot i goes to output block r - i, ascending as i descends (may wrap)
+          for (int i = end - 1; i >= a; --i) add(dests, out(mod(r - i, n)));
+        } else {
+          add(dests, scr(w(end - 1), end - a));
         }
-        lane.steps.insert(lane.steps.end(), st.begin(), st.end());
       }
-      rp.lanes.push_back(std::move(lane));
+      // One message: packed unless the slots already form one run.
+      std::vector<Step> pack, unpack;
+      ChunkRef send_src = scr(pack0, moved), recv_dst = scr(recv0, moved);
+      if (sources.size() == 1) {
+        send_src = sources[0];
+      } else {
+        int at = pack0;
+        for (const ChunkRef& s : sources) {
+          pack.push_back(copy(s, scr(at, s.count), false));
+          at += s.count;
+        }
+      }
+      if (dests.size() == 1 && !overlaps(dests[0], send_src)) {
+        recv_dst = dests[0];
+      } else {
+        int at = recv0;
+        for (const ChunkRef& t : dests) {
+          unpack.push_back(copy(scr(at, t.count), t, false));
+          at += t.count;
+        }
+      }
+      append_phase(lane.steps, pack);
+      append_phase(lane.steps, {send(mod(r + d, n), send_src), recv(mod(r - d, n), recv_dst)});
+      append_phase(lane.steps, unpack);
     }
+    rp.lanes.push_back(std::move(lane));
   }
   return prog;
 }

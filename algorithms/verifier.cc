@@ -364,9 +364,9 @@ class Run {
       why = ": its src and dst runs differ in length";
     else if (s.code != 0 && count != 1)
       why = ": a coded step names a run of several chunks (the codec keys one chunk)";
-    else if ((prog_.coll == Coll::AllToAll || prog_.coll == Coll::AllToAllv) &&
+    else if (prog_.coll == Coll::AllToAllv &&
              ((reads && crosses_block(r, s.src)) || (writes && crosses_block(r, s.dst))))
-      why = ": an all-to-all run crosses a block boundary (all-to-allv blocks lie anywhere)";
+      why = ": an all-to-allv run crosses a block boundary (all-to-allv blocks lie anywhere)";
     if (why == nullptr) return count;
     error_ = where(r, lane, step) + why;
     return 0;

@@ -196,6 +196,22 @@ class ScatterShape : public Collective {
   }
 };
 
+// All-to-all: block j of rank r's input ends as block r of rank j's output; size = each rank's whole input
+// (nccl-tests' alltoall_perf). In place, the output overwrites the input.
+class AllToAllShape : public Collective {
+ public:
+  const char* name() const override { return "alltoall"; }
+  Layout layout(size_t bytes, size_t ts, int nranks) const override {
+    const size_t per = bytes / ts / static_cast<size_t>(nranks);
+    const size_t total = per * static_cast<size_t>(nranks);
+    return {per, total, total, total * ts, total};
+  }
+  double bus_factor(int n) const override { return static_cast<double>(n - 1) / n; }
+  Expect expect(const Layout& l, int rank, int, int, size_t i) const override {
+    return {Expect::Copy, static_cast<int>(i / l.count), static_cast<size_t>(rank) * l.count + i % l.count};
+  }
+};
+
 // The communication the harness needs for itself.
 class Backend {
  public:

@@ -162,9 +162,10 @@ TEST(VerifierRuns, BrokenRunsAreErrors) {
   EXPECT_NE(error_of([](Program& p) { p.ranks[0].lanes[0].steps[0].src.count = 9; }, rhd_allreduce({4, 0, 1}))
                 .find("out of range"),
             std::string::npos);
-  // All-to-allv blocks lie anywhere in memory: a run may not leave its block.
+  // All-to-allv blocks lie anywhere in memory: a run may not leave its block (all-to-all's are one buffer).
   EXPECT_NE(error_of(
                 [](Program& p) {
+                  p.coll = Coll::AllToAllv;
                   for (Step& s : p.ranks[0].lanes[0].steps)
                     if (s.op == OpCode::Send && s.src.chunk == 1) {
                       s.src.count = 2;
