@@ -34,9 +34,11 @@ Program tree_barrier(const ProgramParams& p) {
 CostFloor two_ring_passes(int n) { return {2 * int64_t{n - 1}, 4 * int64_t{n - 1}}; }  // all-reduce: RS then AG
 CostFloor one_ring_pass(int n) { return {int64_t{n - 1}, 2 * int64_t{n - 1}}; }
 CostFloor chain(int n) { return {int64_t{n - 1}, 0}; }
-// N(N-1) messages in all, so on average (and so on the busiest rank) N-1 sent and N-1 received: every rank
-// exchanges a message with every other rank each way (pairwise, one-shot), or every block travels alone (PAT).
+// N(N-1) messages in all, so on average (and so on the busiest rank) N-1 sent and N-1 received: every block
+// travels alone (PAT).
 CostFloor n_minus_1_each_way(int n) { return {0, 2 * int64_t{n - 1}}; }
+// The same, each message between two different ranks directly (pairwise, one-shot).
+CostFloor every_pair_directly(int n) { return {0, 2 * int64_t{n - 1}, true}; }
 // The root alone sends or receives N-1 messages.
 CostFloor root_of_all(int n) { return {0, int64_t{n - 1}}; }
 
@@ -50,13 +52,13 @@ constexpr AlgorithmInfo kAlgorithms[] = {
     {3, Coll::Broadcast, "ring", "pipelined chain from the root around the ring", chain_broadcast, chain},
     {4, Coll::Reduce, "ring", "pipelined chain around the ring ending at the root", chain_reduce, chain},
     {5, Coll::AllToAll, "pairwise", "pairwise exchange, N-1 steps, step t pairs ranks t apart (Thakur et al. 2005)",
-     pairwise_alltoall, n_minus_1_each_way},
-    {6, Coll::AllToAllv, "pairwise", "pairwise exchange with per-peer counts", pairwise_alltoallv, n_minus_1_each_way},
+     pairwise_alltoall, every_pair_directly},
+    {6, Coll::AllToAllv, "pairwise", "pairwise exchange with per-peer counts", pairwise_alltoallv, every_pair_directly},
     {7, Coll::Barrier, "oneshot", "zero-byte one-shot all-reduce: every rank hears from every rank in one hop",
-     oneshot_barrier, n_minus_1_each_way},
+     oneshot_barrier, every_pair_directly},
     {8, Coll::AllReduce, "oneshot",
      "every rank sends its input to every rank and reduces in rank order: one hop, for small messages",
-     oneshot_allreduce, n_minus_1_each_way},
+     oneshot_allreduce, every_pair_directly},
     {9, Coll::AllReduce, "tree",
      "double binary tree: reduce up and broadcast down two trees, each carrying half (Sanders et al. 2009)",
      tree_allreduce},
@@ -69,7 +71,8 @@ constexpr AlgorithmInfo kAlgorithms[] = {
     {14, Coll::AllGather, "rhd", "recursive doubling, any N (Thakur et al. 2005)", rhd_allgather},
     {15, Coll::AllGather, "bruck", "Bruck: ceil(log2 N) rounds at distances 1, 2, 4... (Bruck et al. 1997)",
      bruck_allgather},
-    {16, Coll::AllToAll, "bruck", "Bruck: ceil(log2 N) rounds of one packed message each (Bruck et al. 1997; MPICH, Thakur et al. 2005)",
+    {16, Coll::AllToAll, "bruck",
+     "Bruck: ceil(log2 N) rounds of one packed message each (Bruck et al. 1997; MPICH, Thakur et al. 2005)",
      bruck_alltoall},
     {17, Coll::AllGather, "pat",
      "PAT-style (NCCL 2.23 parallel aggregated trees): binomial trees at halving distances, no buffer", pat_allgather,
@@ -83,7 +86,9 @@ constexpr AlgorithmInfo kAlgorithms[] = {
      hier_allgather},
     {21, Coll::ReduceScatter, "hier", "hierarchical: reduce in each host, across hosts per part, hand to the owner",
      hier_reduce_scatter},
-    {22, Coll::AllToAll, "hier", "two-level: via the host member matching the destination's local index",
+    {22, Coll::AllToAll, "hier",
+     "two-level: packed through the host member matching the destination's local index, one message per pair "
+     "and level",
      hier_alltoall},
     {23, Coll::Barrier, "tree", "zero-byte double-binary-tree all-reduce: 2 log2(N) hops, for any N", tree_barrier},
     {24, Coll::Gather, "linear", "every rank sends its block straight to the root: N-1 messages into the root",

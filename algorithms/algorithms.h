@@ -26,11 +26,14 @@ struct ProgramParams {
 //    (a ring all-gather: N-1). Each costs at least alpha + 2 o of the cheapest link class.
 //  - rank_messages: messages the busiest rank sends plus receives (a linear gather's root: N-1). Each costs that
 //    rank's CPU at least o of the cheapest class, and a rank's CPU does one thing at a time.
-// Both are lower bounds for any count, channel count and host layout; tests/unit/selector_test.cc checks them
+//  - direct: every rank exchanges a message with every other rank, each way (pairwise, one-shot). On several
+//    hosts, a rank of the smallest host (m ranks) then pays 2 (N - m) network overheads.
+// All are lower bounds for any count, channel count and host layout; tests/unit/selector_test.cc checks them
 // against the simulator.
 struct CostFloor {
   int64_t hops = 0;
   int64_t rank_messages = 0;
+  bool direct = false;
 };
 
 struct AlgorithmInfo {

@@ -44,6 +44,32 @@ inline std::vector<Step> block_runs(int b0, int b1, int nch, int ch, Make make, 
   return v;
 }
 
+// Appends run `r` (nothing if empty) to `runs`, merged into the last run when it continues it in the same buffer:
+// the pieces of a packed message, in message order.
+inline void add_run(std::vector<ChunkRef>& runs, ChunkRef r) {
+  if (r.count <= 0) return;
+  if (!runs.empty() && runs.back().buf == r.buf && runs.back().chunk + runs.back().count == r.chunk)
+    runs.back().count += r.count;
+  else
+    runs.push_back(r);
+}
+
+// One message made of the runs `pieces` (in order): the run it is sent from or received into is the only piece
+// itself, or else `staging` (a scratch run of the pieces' total length, which the caller reserved), with copies
+// between staging and the pieces appended to `copies` (pack before a send: piece -> staging; unpack after a
+// receive: staging -> piece). `direct_ok` false forces staging (a receive that must not overwrite what the same
+// phase sends).
+inline ChunkRef packed_run(const std::vector<ChunkRef>& pieces, int staging, bool unpack, std::vector<Step>& copies,
+                           bool direct_ok = true) {
+  if (pieces.size() == 1 && direct_ok) return pieces[0];
+  int at = staging;
+  for (const ChunkRef& p : pieces) {
+    copies.push_back(unpack ? copy(scr(at, p.count), p, false) : copy(p, scr(at, p.count), false));
+    at += p.count;
+  }
+  return scr(staging, at - staging);
+}
+
 // Appends the steps of `v`, the first starting a phase (Step::fence).
 inline void append_phase(std::vector<Step>& lane, const std::vector<Step>& v) {
   const size_t first = lane.size();

@@ -16,8 +16,11 @@
 //    moves N (H - 1 + N (m - 1) / m) messages, like a flat ring's N (N - 1), and each byte crosses the network
 //    once per host, as a flat ring's does.
 //  - all-to-all (two-level): a block for another host goes first to the member whose local index matches the
-//    destination's (mod the host size), which forwards it across hosts, so every rank talks to its host and to one
-//    rank per other host instead of to every rank.
+//    destination's (mod the host size), which forwards it across hosts. Each level sends one message per pair:
+//    inside the host, a rank sends each member that member's own block and the blocks it relays (packed); across
+//    hosts, a relay sends each rank it serves the blocks of all its host's members. So a rank sends m - 1 messages
+//    in its host and about H - 1 across hosts, where pairwise sends N - 1, at the price of copies in and out of
+//    scratch (one lane, whole blocks as chunks, as the Bruck all-to-all).
 // Steps are scheduled with Builder keys: (phase, round, sub-chunk, ., hop), so every pair of ranks orders the
 // messages between them the same way and each rank handles one chain per hop of a round, as in a flat ring. The
 // all-reduce moves a part's H sub-parts inside a host as one run of chunks, so its phases are fenced (Step::fence).
@@ -257,53 +260,69 @@ Program hier_reduce_scatter_single_chunks(const ProgramParams& prm) { return hie
 Program hier_alltoall(const ProgramParams& prm) {
   Program prog = new_program(Coll::AllToAll, "hier", prm);
   const Hosts hs = hosts_of(prm);
-  const int n = prm.nranks, H = hs.H(), nch = prm.nchannels;
-  // Slots of scratch on each relay, numbered in the order the relay meets them.
-  std::vector<int> nslots(n, 0);
-  std::vector<std::vector<int>> slot(n, std::vector<int>(n, -1));  // slot[x][d] on relay(x, d)
-  auto relay = [&](int x, int d) { return hs.members[hs.host[x]][hs.local[d] % hs.m(hs.host[x])]; };
-  for (int x = 0; x < n; ++x)
-    for (int d = 0; d < n; ++d) {
-      const int y = relay(x, d);
-      if (hs.host[d] != hs.host[x] && y != x) slot[x][d] = nslots[y]++;
-    }
-  for (int r = 0; r < n; ++r) {
-    prog.ranks[r].input = prog.ranks[r].output = {n, nch};
-    if (nslots[r] > 0) prog.ranks[r].scratch = {nslots[r], nch};
+  const int n = prm.nranks, H = hs.H();
+  // served[h][k]: the ranks of other hosts that the member of local index k of host h relays to (local index = k
+  // mod m_h), by host distance, then local index: the order of the blocks in every message about them.
+  std::vector<std::vector<std::vector<int>>> served(H);
+  for (int h = 0; h < H; ++h) {
+    served[h].resize(hs.m(h));
+    for (int dist = 1; dist < H; ++dist)
+      for (int d : hs.members[(h + dist) % H]) served[h][hs.local[d] % hs.m(h)].push_back(d);
   }
-  Builder b(prog, one_lane_per_channel(nch));
-  for (int ch = 0; ch < nch; ++ch) {
-    auto ib = [&](int blk) { return in(blk * nch + ch); };
-    auto ob = [&](int blk) { return out(blk * nch + ch); };
-    auto sb = [&](int s) { return scr(s * nch + ch); };
-    for (int x = 0; x < n; ++x) {
-      const int hx = hs.host[x], mx = hs.m(hx);
-      for (int d = 0; d < n; ++d) {
-        const int hd = hs.host[d];
-        if (d == x) {
-          b.add(x, ch, Key{0, 0, 0, 0, 0}, Step{OpCode::Copy, -1, -1, ib(d), ob(x), false});
-        } else if (hd == hx) {
-          // Same host: direct, pairwise order by local distance t; the send of round t before its receive.
-          const int t = (hs.local[d] - hs.local[x] + mx) % mx;
-          b.add(x, ch, Key{0, t, 0, 0, 0}, send(d, ib(d)));
-          b.add(d, ch, Key{0, t, 1, 0, 0}, recv(x, ob(x)));
-        } else {
-          const int y = relay(x, d);
-          ChunkRef at_relay = ib(d);
-          if (y != x) {
-            const int t = (hs.local[y] - hs.local[x] + mx) % mx;
-            b.add(x, ch, Key{1, t, d, 0, 0}, send(y, ib(d)));
-            b.add(y, ch, Key{1, t, d, 1, 0}, recv(x, sb(slot[x][d])));
-            at_relay = sb(slot[x][d]);
-          }
-          const int dist = (hd - hx + H) % H;
-          b.add(y, ch, Key{2, dist, hs.local[d], hs.local[x], 0}, send(d, at_relay));
-          b.add(d, ch, Key{2, dist, hs.local[d], hs.local[x], 1}, recv(y, ob(x)));
-        }
+  auto consecutive = [&](int h) { return hs.members[h].back() - hs.members[h].front() + 1 == hs.m(h); };
+  for (int r = 0; r < n; ++r) {
+    const int h = hs.host[r], k = hs.local[r], m = hs.m(h);
+    const std::vector<int>& mine = served[h][k];
+    const int nd = static_cast<int>(mine.size());
+    RankProgram& rp = prog.ranks[r];
+    rp.input = rp.output = {n, 1};
+    Lane lane{0, {}};
+    int top = 0;  // scratch blocks reserved so far
+    auto reserve = [&](int blocks) {
+      const int at = top;
+      top += blocks;
+      return at;
+    };
+    // The block that the member of local index j of this host sends for served rank i: slot i * m + j of T.
+    const int t0 = m > 1 ? reserve(nd * m) : 0;
+    std::vector<Step> pack, level1, unpack1, level2, unpack2;
+    pack.push_back(copy(in(r), out(r), false));
+    for (int i = 0; i < nd && m > 1; ++i) pack.push_back(copy(in(mine[i]), scr(t0 + i * m + k), false));
+    // Level 1, inside the host: to the member t places on, that member's own block and those it relays; from the
+    // member t places back, ours and those we relay (into T).
+    for (int t = 1; t < m; ++t) {
+      const int y = hs.members[h][(k + t) % m], x = hs.members[h][(k - t + m) % m];
+      std::vector<ChunkRef> sources, dests;
+      add_run(sources, in(y));
+      for (int d : served[h][hs.local[y]]) add_run(sources, in(d));
+      add_run(dests, out(x));
+      for (int i = 0; i < nd; ++i) add_run(dests, scr(t0 + i * m + hs.local[x]));
+      const int nsrc = 1 + static_cast<int>(served[h][hs.local[y]].size());
+      const ChunkRef src = packed_run(sources, sources.size() == 1 ? 0 : reserve(nsrc), false, pack);
+      const ChunkRef dst = packed_run(dests, dests.size() == 1 ? 0 : reserve(1 + nd), true, unpack1);
+      level1.push_back(send(y, src));
+      level1.push_back(recv(x, dst));
+    }
+    // Level 2, across hosts: to each served rank, the blocks of every member of this host (in local order); from
+    // the relay of each other host, the blocks of its members.
+    for (int dist = 1; dist < H; ++dist) {
+      const int hd = (h + dist) % H, hf = (h - dist + H) % H;
+      for (int i = 0; i < nd; ++i)
+        if (hs.host[mine[i]] == hd) level2.push_back(send(mine[i], m > 1 ? scr(t0 + i * m, m) : in(mine[i])));
+      const int relay = hs.members[hf][k % hs.m(hf)], mf = hs.m(hf);
+      if (consecutive(hf)) {
+        level2.push_back(recv(relay, out(hs.members[hf].front(), mf)));
+      } else {
+        std::vector<ChunkRef> dests;
+        for (int x : hs.members[hf]) add_run(dests, out(x));
+        level2.push_back(recv(relay, packed_run(dests, reserve(mf), true, unpack2)));
       }
     }
+    for (const std::vector<Step>* phase : {&pack, &level1, &unpack1, &level2, &unpack2})
+      append_phase(lane.steps, *phase);
+    if (top > 0) rp.scratch = {top, 1};
+    rp.lanes.push_back(std::move(lane));
   }
-  b.finish();
   return prog;
 }
 

@@ -403,14 +403,6 @@ Program bruck_alltoall(const ProgramParams& p) {
   }
   const int pack0 = n, recv0 = n + half;
   auto w = [&](int i) { return n - 1 - i; };
-  // Appends run `r` to `runs`, merged with the last one when it continues it.
-  auto add = [](std::vector<ChunkRef>& runs, ChunkRef r) {
-    if (r.count <= 0) return;
-    if (!runs.empty() && runs.back().buf == r.buf && runs.back().chunk + runs.back().count == r.chunk)
-      runs.back().count += r.count;
-    else
-      runs.push_back(r);
-  };
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
     rp.input = rp.output = {n, 1};
@@ -422,40 +414,21 @@ Program bruck_alltoall(const ProgramParams& p) {
       // slots with bit d set come in runs [a, a + d) for a = d, 3d, 5d...; in one run only i = a moves for the
       // first time and, when a == d, every slot moves for the last time.
       std::vector<ChunkRef> sources, dests;
-      int moved = 0;
       const int top_a = ((n - 1 - d) / (2 * d)) * 2 * d + d;
       for (int a = top_a; a >= d; a -= 2 * d) {
-        const int end = std::min(a + d, n);  // slots [a, end)
-        moved += end - a;
-        add(sources, scr(w(end - 1), end - 1 - a));  // slots end-1 .. a+1: moved before
-        add(sources, in(mod(r + a, n)));             // slot a: its first move
+        const int end = std::min(a + d, n);              // slots [a, end)
+        add_run(sources, scr(w(end - 1), end - 1 - a));  // slots end-1 .. a+1: moved before
+        add_run(sources, in(mod(r + a, n)));             // slot a: its first move
         if (a == d) {  // last move: slot i goes to output block r - i, ascending as i descends (may wrap)
-          for (int i = end - 1; i >= a; --i) add(dests, out(mod(r - i, n)));
+          for (int i = end - 1; i >= a; --i) add_run(dests, out(mod(r - i, n)));
         } else {
-          add(dests, scr(w(end - 1), end - a));
+          add_run(dests, scr(w(end - 1), end - a));
         }
       }
       // One message: packed unless the slots already form one run.
       std::vector<Step> pack, unpack;
-      ChunkRef send_src = scr(pack0, moved), recv_dst = scr(recv0, moved);
-      if (sources.size() == 1) {
-        send_src = sources[0];
-      } else {
-        int at = pack0;
-        for (const ChunkRef& s : sources) {
-          pack.push_back(copy(s, scr(at, s.count), false));
-          at += s.count;
-        }
-      }
-      if (dests.size() == 1 && !overlaps(dests[0], send_src)) {
-        recv_dst = dests[0];
-      } else {
-        int at = recv0;
-        for (const ChunkRef& t : dests) {
-          unpack.push_back(copy(scr(at, t.count), t, false));
-          at += t.count;
-        }
-      }
+      const ChunkRef send_src = packed_run(sources, pack0, false, pack);
+      const ChunkRef recv_dst = packed_run(dests, recv0, true, unpack, !overlaps(dests[0], send_src));
       append_phase(lane.steps, pack);
       append_phase(lane.steps, {send(mod(r + d, n), send_src), recv(mod(r - d, n), recv_dst)});
       append_phase(lane.steps, unpack);

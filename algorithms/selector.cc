@@ -245,6 +245,12 @@ Selector::Selector(topo::Topology topology, SimOptions sim, int nchannels, AlgoO
     hop_floor_s_ = std::min(hop_floor_s_, lp.alpha_s + 2 * lp.overhead_s);
     overhead_floor_s_ = std::min(overhead_floor_s_, lp.overhead_s);
   }
+  if (topo_.nhosts() > 1) {
+    size_t smallest = static_cast<size_t>(topo_.nranks());
+    for (int h = 0; h < topo_.nhosts(); ++h) smallest = std::min(smallest, topo_.ranks_of_host(h).size());
+    direct_floor_s_ = 2.0 * static_cast<double>(static_cast<size_t>(topo_.nranks()) - smallest) *
+                      topo_.links[static_cast<size_t>(topo::LinkClass::Network)].overhead_s;
+  }
 }
 
 std::shared_ptr<const Choice> Selector::choose(Coll coll, size_t count, size_t elem_size, int root,
@@ -311,7 +317,8 @@ void Selector::simulate_candidate(Candidate& c, int root, size_t count, size_t e
 double Selector::floor_seconds(const AlgorithmInfo& algorithm) const {
   if (algorithm.floor == nullptr || !std::isfinite(hop_floor_s_)) return 0;
   const CostFloor f = algorithm.floor(topo_.nranks());
-  return std::max(static_cast<double>(f.hops) * hop_floor_s_, static_cast<double>(f.rank_messages) * overhead_floor_s_);
+  return std::max({static_cast<double>(f.hops) * hop_floor_s_, static_cast<double>(f.rank_messages) * overhead_floor_s_,
+                   f.direct ? direct_floor_s_ : 0.0});
 }
 
 std::vector<Candidate> Selector::evaluate(Coll coll, size_t count, size_t elem_size, int root) const {

@@ -174,6 +174,7 @@ class Selector {
   std::vector<int> host_of_rank_;
   double hop_floor_s_ = 0;       // min over the link classes present of alpha + 2 o
   double overhead_floor_s_ = 0;  // min over the link classes present of o
+  double direct_floor_s_ = 0;    // CostFloor::direct: 2 (N - ranks of the smallest host) network o; 0 on one host
   mutable std::shared_mutex mu_;
   mutable std::unordered_map<Key, std::shared_ptr<const Choice>, KeyHash> memo_;
   // Every program this selector generated or took from the cache, by (algorithm id, root): held, so that the

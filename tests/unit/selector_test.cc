@@ -191,6 +191,13 @@ TEST(CostFloor, NeverExceedsTheSimulatedTime) {
           for (auto& lp : t.links) lp = {0, 0, o};
           EXPECT_GE(simulate(*prog, t, count, 4).seconds, static_cast<double>(f.rank_messages) * o * (1 - 1e-12))
               << coll_name(a.coll) << " " << a.name << " " << n << " ranks, " << hosts << " hosts, count " << count;
+          // Direct exchanges: only the network costs o, each rank pays it for 2 (N - N/hosts) messages.
+          for (auto& lp : t.links) lp = {0, 0, 0};
+          t.links[static_cast<size_t>(topo::LinkClass::Network)].overhead_s = o;
+          if (f.direct) {
+            EXPECT_GE(simulate(*prog, t, count, 4).seconds, 2.0 * (n - n / hosts) * o * (1 - 1e-12))
+                << coll_name(a.coll) << " " << a.name << " " << n << " ranks, " << hosts << " hosts, count " << count;
+          }
         }
       }
 }

@@ -400,6 +400,22 @@ TEST(Verifier, HierarchicalUnevenHosts) {
   prove_hierarchical({3, 5}, 2);
 }
 
+// The packed all-to-alls send one message per pair and level: Bruck ceil(log2 N) per rank; the two-level program
+// m - 1 inside a host of m ranks plus one per rank of other hosts it relays to (N - m over a host's members), where
+// pairwise sends N - 1 per rank.
+TEST(Verifier, PackedAllToAllsSendOneMessagePerPairAndLevel) {
+  VerifyResult bruck = verify(bruck_alltoall({64, 0, 2}));
+  ASSERT_TRUE(bruck.ok) << bruck.error;
+  EXPECT_EQ(bruck.messages, 64 * 6);
+  VerifyResult even = verify(hier_alltoall({16, 0, 1, blocks_of({4, 4, 4, 4})}));
+  ASSERT_TRUE(even.ok) << even.error;
+  EXPECT_EQ(even.messages, 16 * 3 + 4 * 12);
+  VerifyResult uneven = verify(hier_alltoall({8, 0, 2, blocks_of({3, 5})}));
+  ASSERT_TRUE(uneven.ok) << uneven.error;
+  EXPECT_EQ(uneven.messages, (3 * 2 + 5 * 4) + (5 + 3));
+  EXPECT_EQ(verify(pairwise_alltoall({16, 0, 1})).messages, 16 * 15);
+}
+
 // Ranks interleaved across hosts (rank r on host r % H): the programs only see the host of each rank.
 TEST(Verifier, HierarchicalInterleavedPlacement) {
   std::vector<int> hor;
