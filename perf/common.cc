@@ -303,9 +303,9 @@ int parse_options(int argc, char** argv, const ToolInfo& tool, Options* out, boo
             o.root = -1;
           } else {
             try {
-              o.root = parse_int(optarg, -1, 1 << 30);
+              o.root = parse_int(optarg, -1, (1 << 30) - 1);
             } catch (const BadValue&) {
-              throw BadValue{"must be a rank >= 0, or -1 or 'all' (every root in turn)"};
+              throw BadValue{"must be a rank in [0, 2^30), or -1 or 'all' (every root in turn)"};
             }
           }
           break;

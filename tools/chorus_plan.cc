@@ -322,8 +322,8 @@ int main(int argc, char** argv) {
       else
         candidates = selector.evaluate(coll, count, esz, static_cast<int>(root));
       for (const Candidate& c : candidates) {
-        if (!c.applicable) {
-          std::printf(" | %10s %8s %8s", "n/a", "", "");
+        if (!c.applicable) {  // with --choice-only, only a named algorithm: it has no prediction
+          std::printf(" | %10s %8s %8s", choice_only ? "named" : "n/a", "", "");
           const std::string note = cat("# ", c.algorithm->name, " ", c.note);
           if (std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
           continue;

@@ -232,9 +232,16 @@ class Reader {
     const Json* j = find(obj, key);
     return j ? number(*j, join(path, key), min) : fallback;
   }
+  // An integer; a number written with a fraction or an exponent is taken when its value is whole (8.0, 1e11).
   int64_t integer(const Json& j, const std::string& path, int64_t min, int64_t max) const {
-    if (!j.is_number_integer())
-      fail(path, cat("expected an integer, got ", j.is_number() ? "a fraction" : j.type_name()));
+    if (j.is_number_float()) {
+      const double d = j.get<double>();
+      if (d != std::trunc(d)) fail(path, cat("expected an integer, got a fraction (", j.dump(), ")"));
+      if (d < static_cast<double>(min) || d >= static_cast<double>(max) + 1.0)  // max + 1: exact, a power of 2
+        fail(path, cat(j.dump(), " is out of range (", min, "..", max, ")"));
+      return static_cast<int64_t>(d);
+    }
+    if (!j.is_number_integer()) fail(path, cat("expected an integer, got ", j.type_name()));
     if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
       fail(path, cat(j.dump(), " is out of range (", min, "..", max, ")"));
     int64_t v = j.get<int64_t>();

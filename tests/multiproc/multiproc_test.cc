@@ -327,8 +327,12 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   EXPECT_EQ(flag.code, 2) << flag.out;
   Result root = run(tool + " -r -2");
   EXPECT_EQ(root.code, 2) << root.out;
-  EXPECT_NE(root.out.find("-r/--root: must be a rank >= 0, or -1 or 'all' (every root in turn)"), std::string::npos)
+  EXPECT_NE(root.out.find("-r/--root: must be a rank in [0, 2^30), or -1 or 'all' (every root in turn)"),
+            std::string::npos)
       << root.out;
+  root = run(tool + " -r 1073741824");  // 2^30: past what the tool takes, refused with the same message
+  EXPECT_EQ(root.code, 2) << root.out;
+  EXPECT_NE(root.out.find("-r/--root: must be a rank in [0, 2^30)"), std::string::npos) << root.out;
   // Point-to-point has no compressed form: -Z used to run it uncompressed and report a codec error of 0.
   Result p2p = run(std::string(SENDRECV_PERF) + " -t 2 -b 8 -e 64 -n 2 -w 1 -Z int8");
   EXPECT_EQ(p2p.code, 2) << p2p.out;
@@ -382,5 +386,20 @@ TEST(PerfTools, RunsOfChunksAreRightWithManySlicesAFoldedRankAndTwoChannels) {
     }
 }
 #endif
+
+// chorus-plan --choice-only decides as the library does: a named algorithm is generated, not simulated, and its
+// row says so ("named", not the "n/a" of an algorithm that does not apply); unnamed, the cost model decides.
+TEST(ChorusPlan, ChoiceOnlyShowsANamedAlgorithmAsNamed) {
+  const std::string plan = std::string(CHORUS_PLAN) + " --coll alltoall --bytes 1024 --nranks 8 --choice-only";
+  Result named = run(plan + " --algo bruck");
+  ASSERT_EQ(named.code, 0) << named.out;
+  EXPECT_NE(named.out.find("named"), std::string::npos) << named.out;
+  EXPECT_EQ(named.out.find("n/a"), std::string::npos) << named.out;
+  EXPECT_NE(named.out.find("# bruck was named: generated, not simulated"), std::string::npos) << named.out;
+  Result chosen = run(plan);
+  ASSERT_EQ(chosen.code, 0) << chosen.out;
+  EXPECT_EQ(chosen.out.find("named"), std::string::npos) << chosen.out;
+  EXPECT_NE(chosen.out.find("(cost model)"), std::string::npos) << chosen.out;
+}
 
 }  // namespace

@@ -283,6 +283,13 @@ TEST(Topology, ImplicitPlacementAndDefaults) {
   EXPECT_EQ(e.ranks[2].process, 0);
   EXPECT_EQ(e.ranks[1].gpu, 0);
   EXPECT_EQ(e.link(1, 2), LinkClass::SameProcess);
+
+  // A whole number written with a fraction or an exponent is an integer (tools that write JSON from doubles do).
+  const Topology w =
+      from_json(R"({"hosts": [{"numa": [{"cores": 8.0, "memory_bytes": 1e11}], "nranks": 2e0}]})", "inline");
+  ASSERT_EQ(w.nranks(), 2);
+  EXPECT_EQ(w.hosts[0].cores, 8);
+  EXPECT_EQ(w.hosts[0].numa[0].memory_bytes, uint64_t{100000000000});
 }
 
 TEST(Topology, CountExpansion512x8) {
@@ -369,7 +376,9 @@ TEST(Topology, FileErrorsNameTheField) {
       {R"({"hosts": [{}, {"nic": []}]})", "hosts[1].nic: unknown field (known: name, id, cores"},
       {R"({"hosts": [{"name": 5}]})", "hosts[0].name: expected a string, got number"},
       {R"({"hosts": [{"id": null}]})", "hosts[0].id: expected a string, got null"},
-      {R"({"hosts": [{"cores": 2.5}]})", "hosts[0].cores: expected an integer, got a fraction"},
+      {R"({"hosts": [{"cores": 2.5}]})", "hosts[0].cores: expected an integer, got a fraction (2.5)"},
+      {R"({"hosts": [{"cores": 1e30}]})", "hosts[0].cores: 1e+30 is out of range (0..2147483647)"},
+      {R"({"hosts": [{"cores": -2.0}]})", "hosts[0].cores: -2.0 is out of range"},
       {R"({"hosts": [{"cores": -1}]})", "hosts[0].cores: -1 is out of range"},
       {R"({"hosts": [{"numa": {}}]})", "hosts[0].numa: expected an array"},
       {R"({"hosts": [{"numa": [{"os_index": -2}]}]})", "hosts[0].numa[0].os_index: -2 is out of range"},
