@@ -372,8 +372,9 @@ int main(int argc, char** argv) {
 
   const auto start = std::chrono::steady_clock::now();
   int exit_code = 0, first_failed = -1, running = n;
-  bool stopping = false;
+  bool stopping = false, signalled = false;  // signalled: chorusrun has sent its ranks a signal
   auto stop_all = [&](int sig) {
+    signalled = true;
     for (Rank& r : ranks)
       if (!r.exited) kill(-r.pid, sig);
   };
@@ -425,6 +426,11 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "chorusrun: rank %d %s %d; stopping the other ranks\n", r,
                        WIFEXITED(status) ? "exited with code" : "was killed by signal",
                        WIFEXITED(status) ? code : WTERMSIG(status));
+        } else if (WIFSIGNALED(status) && !signalled) {
+          // A second rank dying on its own (not stopped by chorusrun) is a failure of its own: say so, since it
+          // may print nothing (SIGKILL, SIGSEGV).
+          std::fprintf(stderr, "chorusrun: rank %d was also killed by signal %d (%s)\n", r, WTERMSIG(status),
+                       strsignal(WTERMSIG(status)));
         }
       }
     }

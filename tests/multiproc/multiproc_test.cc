@@ -189,6 +189,14 @@ TEST(Launcher, ChorusrunPrefixesLinesAndFailsWhenARankFails) {
           " -n 1 sh -c '(sleep 0.2; head -c 200000 /dev/zero | tr \"\\000\" x >&2; echo late) & exit 0' 2>/dev/null)");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out, "[0] late\n") << r.out;
+  // A second rank that dies of a signal on its own, after the first failure, is named too (it may print nothing: a
+  // crash); a rank chorusrun stops is not.
+  r = run(std::string(CHORUSRUN) +
+          " -n 3 sh -c 'case $CHORUS_RANK in 0) exit 3;; 1) sleep 0.5; kill -SEGV $$;; *) exec sleep 30;; esac'");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("rank 0 exited with code 3; stopping the other ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 was also killed by signal 11 (Segmentation fault)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rank 2 was also"), std::string::npos) << r.out;
 }
 
 TEST(Faults, AFullDevShmIsAnErrorNotABusError) {

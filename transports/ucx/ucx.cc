@@ -416,6 +416,9 @@ class UcxConnection : public Connection {
   MessageView recv_peek() override {
     const uint64_t i = recv_tail_ % depth_;
     if (!recv_ready_[i]) {
+      // A receive that failed (or could not be posted) has no request left: every later look fails the same way,
+      // since callers may look again after an error (CommImpl::for_each_waiting_header skips failed connections).
+      if (recv_req_[i] == nullptr) fail(recv_failed_);
       {
         const ucs_status_t st = ucp_tag_recv_request_test(recv_req_[i], &recv_info_[i]);
         if (st == UCS_INPROGRESS) {
@@ -425,12 +428,17 @@ class UcxConnection : public Connection {
         }
         ucp_request_free(recv_req_[i]);
         recv_req_[i] = nullptr;
-        if (st != UCS_OK)
-          fail(cat(
+        if (st != UCS_OK) {
+          recv_failed_ = cat(
               "receive failed: ", ucs_status_string(st),
-              st == UCS_ERR_MESSAGE_TRUNCATED ? " (a message larger than the slot: CHORUS_SLICE_BYTES differs?)" : ""));
+              st == UCS_ERR_MESSAGE_TRUNCATED ? " (a message larger than the slot: CHORUS_SLICE_BYTES differs?)" : "");
+          fail(recv_failed_);
+        }
       }
-      check_arrived(i);
+      if (std::string bad = check_arrived(i); !bad.empty()) {
+        recv_failed_ = std::move(bad);  // the next look must not take the bad message for a good one
+        fail(recv_failed_);
+      }
       recv_ready_[i] = true;
     }
     std::byte* s = recv_at(i);
@@ -508,21 +516,26 @@ class UcxConnection : public Connection {
     }
     void* r = ucp_tag_recv_nbx(w_->worker(), recv_at(seq), kHeaderSpace + slot_bytes(),
                                make_tag(peer(), channel(), seq), ~uint64_t{0}, &p);
-    if (!UCS_PTR_IS_PTR(r))
-      fail(cat("cannot post a receive: ", ucs_status_string(r == nullptr ? UCS_ERR_NO_MESSAGE : UCS_PTR_STATUS(r))));
+    if (!UCS_PTR_IS_PTR(r)) {
+      recv_failed_ =
+          cat("cannot post a receive: ", ucs_status_string(r == nullptr ? UCS_ERR_NO_MESSAGE : UCS_PTR_STATUS(r)));
+      fail(recv_failed_);
+    }
     recv_req_[i] = r;
   }
 
   // Every length read from the wire is bounded: the header must be whole and describe exactly what arrived.
-  void check_arrived(uint64_t i) const {
+  // Returns what is wrong with the message in slot i, or "".
+  std::string check_arrived(uint64_t i) const {
     const size_t len = recv_info_[i].length;
-    if (len < kHeaderSpace) fail(cat("received a message of ", len, " bytes, shorter than a header"));
+    if (len < kHeaderSpace) return cat("received a message of ", len, " bytes, shorter than a header");
     WireHeader h;
     std::memcpy(&h, recv_at(i), sizeof(h));
-    if (h.magic != WireHeader::kMagic) fail("received a message with a bad magic");
+    if (h.magic != WireHeader::kMagic) return "received a message with a bad magic";
     if (h.bytes > slot_bytes() || kHeaderSpace + h.bytes != len)
-      fail(cat("received ", len, " bytes for a header announcing ", h.bytes, " payload bytes (slot ", slot_bytes(),
-               ")"));
+      return cat("received ", len, " bytes for a header announcing ", h.bytes, " payload bytes (slot ", slot_bytes(),
+                 ")");
+    return {};
   }
 
   // Frees the slots of completed sends, oldest first. Returns true if any was freed.
@@ -555,6 +568,7 @@ class UcxConnection : public Connection {
   std::vector<void*> send_req_, recv_req_;
   std::vector<bool> recv_ready_;
   std::vector<ucp_tag_recv_info_t> recv_info_;
+  std::string recv_failed_ = "receive failed";  // why the receive at the tail has no request (set on failure)
   uint64_t send_head_ = 0, send_tail_ = 0, recv_tail_ = 0;
 };
 
