@@ -134,6 +134,7 @@ struct Endpoint {
   ucp_ep_h ep = nullptr;
   ucs_status_t status = UCS_OK;  // set by the error handler (inside ucp_worker_progress)
   int rank = -1;
+  bool peer_failure = false;  // created with UCP_ERR_HANDLING_MODE_PEER (only such an endpoint closes by force)
 };
 
 void on_endpoint_error(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -214,6 +215,17 @@ class Worker {
   }
 
   ~Worker() {
+    if (worker_ != nullptr && stranded()) {
+      // UCX 1.13 closes an endpoint by force only in UCP_ERR_HANDLING_MODE_PEER (shared memory has none: the force
+      // close is refused, UCS_ERR_INVALID_PARAM), and destroying a worker with an operation still queued on such an
+      // endpoint (a rendezvous copy from a peer that died) fails an assertion and aborts the process: a surviving
+      // rank died in chorusCommDestroy in about 1 of 7 three-rank kill jobs over ucx sm. After such a failure the
+      // worker, its context and the rings are left to the process's exit instead.
+      CHORUS_INFO(Transport,
+                  "ucx: a call failed with a shared-memory endpoint in use, which UCX cannot close by force: "
+                  "leaving its worker to the process's exit");
+      return;
+    }
     if (worker_ != nullptr) {
       close_endpoints();
       ucp_worker_destroy(worker_);
@@ -244,6 +256,7 @@ class Worker {
     if (e) return e.get();
     auto made = std::make_unique<Endpoint>();
     made->rank = peer;
+    made->peer_failure = peer_failure;
     ucp_ep_params_t p{};
     p.field_mask =
         UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -302,11 +315,20 @@ class Worker {
     }
   }
 
+  // True when a call failed and an endpoint without peer failure handling may still have operations queued (see
+  // ~Worker).
+  bool stranded() const {
+    for (const auto& [rank, e] : endpoints_)
+      if (!e->peer_failure && (unclean_ || e->status != UCS_OK)) return true;
+    return false;
+  }
+
   // After clean calls, endpoints whose flush completes (everything sent was delivered) close gracefully. When a
-  // call failed half-way (a receive or send still pending, a peer dead) every endpoint is closed by force, which
-  // cancels what is pending on it: destroying a worker with requests pending on an endpoint (a rendezvous receive
-  // from a dead peer, say) is an assertion failure in UCX. Bounded, so a peer that never answers cannot hold up
-  // the communicator's destruction.
+  // call failed half-way (a receive or send still pending, a peer dead) every endpoint with peer failure handling
+  // is closed by force, which cancels what is pending on it: destroying a worker with requests pending on an
+  // endpoint (a rendezvous receive from a dead peer, say) is an assertion failure in UCX (endpoints without it are
+  // never closed after a failure: ~Worker). Bounded, so a peer that never answers cannot hold up the
+  // communicator's destruction.
   void close_endpoints() {
     using clock = std::chrono::steady_clock;
     std::vector<void*> flushes(endpoints_.size(), nullptr);
@@ -331,9 +353,12 @@ class Worker {
       }
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = flushed[i] ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+      p.flags = flushed[i] || !e->peer_failure ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
       void* r = ucp_ep_close_nbx(e->ep, &p);
-      if (UCS_PTR_IS_PTR(r)) closes.push_back(r);
+      if (UCS_PTR_IS_PTR(r))
+        closes.push_back(r);
+      else if (UCS_PTR_IS_ERR(r))
+        CHORUS_INFO(Transport, "ucx: closing the endpoint to rank %d: %s", rank, ucs_status_string(UCS_PTR_STATUS(r)));
       ++i;
     }
     wait_all(closes, clock::now() + std::chrono::seconds(2));
