@@ -338,7 +338,8 @@ int parse_options(int argc, char** argv, const ToolInfo& tool, Options* out, boo
             if (name == kNames[k]) o.compression = k + 1;
           if (o.compression == 0) throw BadValue{"expected int8, fp8_e4m3, int4, sign1 or sign_vote[:block]"};
           if (v.find(':') != std::string::npos)
-            o.compression_block = static_cast<uint32_t>(parse_int(v.substr(v.find(':') + 1).c_str(), 1, 1 << 30));
+            o.compression_block = static_cast<uint32_t>(parse_int(
+                v.substr(v.find(':') + 1).c_str(), 0, 1 << 30));  // 0: the default; the library checks the rest
           break;
         }
         case 'h': print_usage(stdout, tool); return kExitOk;

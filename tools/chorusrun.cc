@@ -376,7 +376,10 @@ int main(int argc, char** argv) {
   auto stop_all = [&](int sig) {
     signalled = true;
     for (Rank& r : ranks)
-      if (!r.exited) kill(-r.pid, sig);
+      if (!r.exited) {
+        kill(-r.pid, sig);
+        if (sig == SIGTERM) kill(-r.pid, SIGCONT);  // a stopped rank takes SIGTERM once continued, not 3 s later
+      }
   };
   std::chrono::steady_clock::time_point stop_at;
   // Once every rank has ended: how long output that a process they started still holds is waited for.

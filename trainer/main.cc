@@ -263,7 +263,10 @@ Options parse(int argc, char** argv) {
     }
   }
   if (optind < argc) throw UsageError(std::string("unexpected argument '") + argv[optind] + "' (see --help)");
+  if (o.shard_group < 0) throw UsageError("--shard-group must be >= 0 (0: shard over every rank)");
   if (o.hybrid && o.shard_group > 0) throw UsageError("--hybrid and --shard-group exclude each other");
+  if (o.kill_step != -1 && (o.kill_rank < 0 || o.kill_step < 1))
+    throw UsageError("--kill-at: the rank must be >= 0 and the step >= 1");
   if (o.eval_every < 0 || o.ckpt_every < 0 || o.keep < 1)
     throw UsageError("--eval-every and --ckpt-every must be >= 0, --keep >= 1");
   // Defaults follow the flags they depend on: the final rate never above the peak, validation at least one batch.
@@ -388,6 +391,9 @@ int run(const Options& o) {
   const int rank = world ? world->rank() : 0;
   const bool lead = rank == 0;
 
+  if (o.kill_rank >= (world ? world->size() : 1))
+    throw std::invalid_argument("--kill-at: rank " + std::to_string(o.kill_rank) + " is not a rank of this run (" +
+                                std::to_string(world ? world->size() : 1) + " rank(s))");
   int shard_group = o.shard_group;
   if (o.hybrid && world) shard_group = ranks_per_host(*world);
   Dist dist = world ? Dist(*world, shard_group) : Dist();
@@ -550,6 +556,11 @@ int main(int argc, char** argv) {
     return run(o);
   } catch (const chorus::CommError& e) {
     std::fprintf(stderr, "chorus-trainer: communication failed: %s\n", e.what());
+  } catch (const std::invalid_argument& e) {
+    // Flags that parse but describe a run that cannot be (--batch that does not divide over the ranks, --steps -1):
+    // a usage error like the ones parse() finds, not a failure of the run.
+    std::fprintf(stderr, "chorus-trainer: %s\n", e.what());
+    return kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorus-trainer: error: %s\n", e.what());
   }

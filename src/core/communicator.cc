@@ -810,12 +810,12 @@ void CommImpl::run(const CollArgs& a) {
   }
 }
 
-std::string CommImpl::diagnose_timeout(const WireHeader* call) {
+CommImpl::Diagnosis CommImpl::diagnose_timeout(const WireHeader* call) {
   try {
     for (int r = 0; r < nranks_; ++r)
       if (r != rank_) bootstrap_->send(r, Bootstrap::kTagStatus, {});
   } catch (const Error&) {
-    return "";
+    return {};
   }
   // The root relays every question and answer: a little longer for more ranks.
   const int64_t window_ms = std::min<int64_t>(1000 + 2 * nranks_, 10000);
@@ -827,7 +827,7 @@ std::string CommImpl::diagnose_timeout(const WireHeader* call) {
     try {
       b = bootstrap_->recv(r, Bootstrap::kTagStatusReply, answers);
     } catch (const Error& e) {
-      if (e.code() != chorusTimeout) return "";  // a failure elsewhere: it will be the error
+      if (e.code() != chorusTimeout) return {};  // a failure elsewhere: it will be the error
       silent.push_back(cat(r));
       continue;
     }
@@ -854,19 +854,27 @@ std::string CommImpl::diagnose_timeout(const WireHeader* call) {
     for (size_t i = 0; i < v.size() && i < 8; ++i) s += cat(i ? ", " : "", v[i]);
     return v.size() > 8 ? cat(s, " and ", v.size() - 8, " more") : s;
   };
-  std::string out;
+  Diagnosis d;
+  std::string& out = d.suffix;
   const std::string what = call != nullptr ? cat("collective #", call->seq) : std::string("chorusCommSplit");
   if (!absent.empty()) out += cat("; at the timeout, rank(s) ", list(absent), " had not called ", what);
   if (!left.empty()) out += cat("; rank(s) ", list(left), " had left (destroyed its communicator, or exited)");
-  if (!silent.empty() && silent.size() == static_cast<size_t>(nranks_ - 1))
+  if (!silent.empty() && silent.size() == static_cast<size_t>(nranks_ - 1)) {
     out += cat("; no rank answered a status question within ", window_ms,
-               " ms (the bootstrap root, which relays them, may be stopped: it runs in the process that made the "
-               "unique id, rank 0's under launchers)");
-  else if (!silent.empty())
-    out += cat("; rank(s) ", list(silent), " did not answer a status question within ", window_ms,
-               " ms (stopped, hung, or slow)");
-  if (out.empty()) out = cat("; at the timeout, every rank had called ", what);
-  return out;
+               " ms (the bootstrap root, which relays them, may be stopped or unreachable: it runs in the process "
+               "that made the unique id, rank 0's under launchers)");
+  } else if (!silent.empty()) {
+    const std::string clause = cat("rank(s) ", list(silent), " did not answer a status question within ", window_ms,
+                                   " ms (stopped, hung, slow or unreachable)");
+    // Every rank that answered had called this collective: the silent ones are what it waits for, whichever
+    // neighbour this rank's own wait names (that one is often waiting too).
+    if (out.empty())
+      d.lead = clause;
+    else
+      out += "; " + clause;
+  }
+  if (out.empty() && d.lead.empty()) out = cat("; at the timeout, every rank had called ", what);
+  return d;
 }
 
 void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
@@ -889,8 +897,13 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   // itself (a mismatched header: Runtime) are the root cause already.
   const bool symptom = e.subsys() == Subsys::Transport || e.code() == chorusTimeout;
   // A timeout of a collective names the peer waited for, which may itself be waiting: ask every rank how far it is.
-  if (!aborted_ && e.code() == chorusTimeout && (hdr.seq >> 63) == 0 && hdr.seq != 0 && !bootstrap_->failed())
-    text += diagnose_timeout(&hdr);
+  if (!aborted_ && e.code() == chorusTimeout && (hdr.seq >> 63) == 0 && hdr.seq != 0 && !bootstrap_->failed()) {
+    const Diagnosis d = diagnose_timeout(&hdr);
+    if (d.lead.empty())
+      text += d.suffix;
+    else
+      text = cat(what, ": ", d.lead, d.suffix, " (seen here as: ", text.substr(what.size() + 2), ")");
+  }
   // A peer that destroyed its communicator before this collective closed its connections on the way out: the
   // symptom here (over tcp, a connection closed by the peer) has that cause, which its goodbye note tells.
   auto departed = [&]() -> std::optional<std::pair<int, uint64_t>> {
@@ -1408,7 +1421,8 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key, bool has_newcomm) 
     // also when it arrives while this rank asks the others (which it cuts short).
     if (bootstrap_->failed()) check_abort();
     if (e.code() != chorusTimeout) throw;
-    const std::string diagnosis = diagnose_timeout(nullptr);
+    const Diagnosis d = diagnose_timeout(nullptr);
+    const std::string diagnosis = d.lead.empty() ? d.suffix : cat("; ", d.lead, d.suffix);
     if (bootstrap_->failed()) check_abort();
     // As a failed collective: the communicator is broken and every rank is told, with what each peer was doing.
     Error timed_out(e.code(), e.subsys(), cat(e.what(), diagnosis));

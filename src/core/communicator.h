@@ -233,8 +233,13 @@ class CommImpl {
   std::atomic<uint64_t> started_{0};
   std::atomic<uint8_t> activity_{kIdle};
   // After a timeout in collective `call` (or, null, in chorusCommSplit): asks every peer how far it is (about 1 s)
-  // and says which had not called it, which had left and which did not answer, or "" when it cannot ask.
-  std::string diagnose_timeout(const WireHeader* call);
+  // and says which had not called it, which had left and which did not answer (`suffix`, "; ..."), or nothing when
+  // it cannot ask. `lead` is set instead of a clause of the suffix when the silent ranks are the likely cause
+  // (every rank that answered had called it): a stopped rank, not the neighbour this rank waited for.
+  struct Diagnosis {
+    std::string lead, suffix;
+  };
+  Diagnosis diagnose_timeout(const WireHeader* call);
   uint64_t direct_seq_ = 0;  // calls of the device-direct path
   std::shared_ptr<void> device_state_;
   // Reused for the communicator's life (fresh pages cost more than the copies, MACHINE-NOTES.md):

@@ -5,6 +5,8 @@
 //              dtypes and ops; each rank computes its own expected result
 //   kill       a large all-reduce during which rank 2 SIGKILLs itself; the others must fail naming rank 2 in < 10 s
 //   kill-root  the same with rank 0, whose process hosts the bootstrap root under a launcher
+//   stop       small all-reduces during which rank 2 stops itself (SIGSTOP); the others' errors (run with a short
+//              CHORUS_TIMEOUT_MS) must lead with rank 2 not answering, not the neighbour each waited for
 //   mismatch-count / mismatch-dtype
 //              rank 0 calls all-reduce with another count / dtype; every rank must fail showing both calls
 //   smoke      one all-reduce, checked
@@ -295,6 +297,26 @@ int run_kill(chorusComm_t comm, int victim) {
   return ok ? 0 : 1;
 }
 
+int run_stop(chorusComm_t comm) {
+  std::vector<float> buf(1024, 1.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  chorusResult_t res = chorusSuccess;
+  for (int i = 0; res == chorusSuccess; ++i) {
+    if (g_rank == 2 && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(300)) {
+      std::printf("rank 2: stopping itself between all-reduces\n");
+      std::fflush(stdout);
+      raise(SIGSTOP);
+    }
+    res = chorusAllReduce(buf.data(), buf.data(), buf.size(), chorusFloat32, chorusSum, comm, nullptr);
+  }
+  const std::string text = chorusGetLastError(comm);
+  std::printf("result %s: %s\n", chorusGetErrorString(res), text.c_str());
+  const size_t lead = text.find(": rank(s) 2 did not answer a status question");
+  const bool ok = lead != std::string::npos && lead < text.find("timed out waiting");
+  std::printf(ok ? "stop: error leads with rank 2\n" : "FAIL stop: expected an error leading with rank 2\n");
+  return ok ? 0 : 1;
+}
+
 int run_mismatch(chorusComm_t comm, bool dtype) {
   std::vector<double> buf(1001, 1.0);
   size_t count = (g_rank == 0 && !dtype) ? 1001 : 1000;
@@ -364,6 +386,8 @@ int main(int argc, char** argv) {
     rc = run_kill(comm, 2);
   else if (mode == "kill-root")
     rc = run_kill(comm, 0);
+  else if (mode == "stop")
+    rc = run_stop(comm);
   else if (mode == "mismatch-count")
     rc = run_mismatch(comm, false);
   else if (mode == "mismatch-dtype")

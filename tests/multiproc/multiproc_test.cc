@@ -93,6 +93,15 @@ TEST_P(Fault, KilledRankHostingTheRootIsNamedByTheOthers) {
   EXPECT_EQ(r.out.find("was also killed"), std::string::npos) << r.out;
 }
 
+// A stopped rank (SIGSTOP: alive, silent) is what every other rank's timeout leads with; each one's own wait, often
+// for a neighbour that is waiting too, follows as "seen here as". chorusrun's timeout then ends the stopped rank.
+TEST(Faults, AStoppedRankLeadsTheOthersTimeoutErrors) {
+  Result r = run(std::string("CHORUS_TRANSPORTS=shm CHORUS_TIMEOUT_MS=2000 ") + CHORUSRUN + " -n 4 --timeout 15 " +
+                 MP_WORKER + " stop");
+  EXPECT_EQ(r.code, 124) << r.out;  // chorusrun's own timeout: the stopped rank never ends by itself
+  EXPECT_EQ(count_of(r.out, "stop: error leads with rank 2"), 3) << r.out;
+}
+
 TEST_P(Fault, MismatchedCountIsReportedEverywhereWithBothFingerprints) {
   Result r = run(launch(4, GetParam(), "mismatch-count"));
   if (const std::string why = unavailable(r); !why.empty()) GTEST_SKIP() << "cannot run here: " << why;

@@ -513,7 +513,7 @@ TEST_F(Cli, ModelThatDoesNotDivideOverTheRanksIsAClearError) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("--batch 3 sequences do not divide over 2 ranks"), std::string::npos) << r.out;
   r = trainer(0, "run", "--d-model 30 --heads 4 --steps 2");
-  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(r.code, 2) << r.out;  // a usage error, as every flag the run cannot take
   EXPECT_NE(r.out.find("--d-model 30 is not a multiple of --heads 4"), std::string::npos) << r.out;
 }
 
@@ -557,6 +557,14 @@ TEST_F(Cli, NonsensicalHyperParametersAreRefusedNamingTheFlag) {
   // --lr 1e30 used to train to NaN and exit 0; --eval-seqs below --batch gave a wrong "split too small" error.
   for (const char* flags : {"--lr -1", "--lr 1e30", "--min-lr 1", "--warmup -5", "--clip -1", "--weight-decay -10",
                             "--aux-weight -1", "--eval-seqs 2 --batch 8"}) {
+    Result r = trainer(0, "run", flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
+    const std::string flag = std::string(flags).substr(0, std::string(flags).find(' '));
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flags << ": " << r.out;
+  }
+  // Flags that parse but describe a run that cannot be are usage errors too (exit 2), found before training;
+  // a negative --shard-group and a --kill-at rank outside the run used to be taken silently.
+  for (const char* flags : {"--steps -1", "--top-k 9", "--shard-group -2", "--kill-at 5:1", "--kill-at -1:3"}) {
     Result r = trainer(0, "run", flags);
     EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
     const std::string flag = std::string(flags).substr(0, std::string(flags).find(' '));
