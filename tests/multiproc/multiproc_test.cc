@@ -340,6 +340,8 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   EXPECT_EQ(ok.code, 0) << ok.out;
   Result algo = run(tool + " -A bruck");
   EXPECT_EQ(algo.code, 2) << algo.out;
+  Result zero_block = run(tool + " -Z int8:0");  // block 0: the library's default, as chorus.h says
+  EXPECT_EQ(zero_block.code, 0) << zero_block.out;
   Result codec = run(tool + " -Z int8 -d half");
   EXPECT_EQ(codec.code, 2) << codec.out;
   EXPECT_NE(codec.out.find("-Z/--compression needs -d float"), std::string::npos) << codec.out;
