@@ -289,6 +289,7 @@ Program hier_alltoall(const ProgramParams& prm) {
     };
     // The block that the member of local index j of this host sends for served rank i: slot i * m + j of T.
     const int t0 = m > 1 ? reserve(nd * m) : 0;
+    const int t_end = top;  // level 2's staging starts here (below)
     std::vector<Step> pack, level1, unpack1, level2, unpack2;
     pack.push_back(copy(in(r), out(r), false));
     for (int i = 0; i < nd && m > 1; ++i) pack.push_back(copy(in(mine[i]), scr(t0 + i * m + k), false));
@@ -311,7 +312,7 @@ Program hier_alltoall(const ProgramParams& prm) {
     // the relay of each other host, the blocks of its members. Its staging reuses the level-1 runs after T: phases
     // are fenced, and level 1 and its unpack are done with them before level 2 starts.
     const int level1_end = top;
-    top = t0 + (m > 1 ? nd * m : 0);
+    top = t_end;
     for (int dist = 1; dist < H; ++dist) {
       const int hd = (h + dist) % H, hf = (h - dist + H) % H;
       for (int i = 0; i < nd; ++i)
