@@ -738,7 +738,8 @@ class RootService {
     if (c.state == ConnState::Joined && !c.said_bye && !c.reported) {
       c.reported = true;
       std::string text = cat("rank ", c.rank, " (", c.peer,
-                             ") closed its bootstrap connection without a goodbye: the process died or aborted");
+                             ") closed its bootstrap connection without a goodbye: its process died, or it aborted "
+                             "its communicator");
       if (!os_error.empty()) text += cat(" (", os_error, ")");
       close_conn(c);
       fail(c.rank, text);
