@@ -11,9 +11,15 @@ int main() {
     std::vector<char> a(sz, 1), b(sz, 2);
     int reps = 2000000000 / sz / 4;
     auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) { memcpy(b.data(), a.data(), sz); asm volatile("" ::: "memory"); }
+    for (int i = 0; i < reps; ++i) {
+      memcpy(b.data(), a.data(), sz);
+      asm volatile("" ::: "memory");
+    }
     auto t1 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) { iovec l{b.data(), sz}, r{a.data(), sz}; process_vm_readv(getpid(), &l, 1, &r, 1, 0); }
+    for (int i = 0; i < reps; ++i) {
+      iovec l{b.data(), sz}, r{a.data(), sz};
+      process_vm_readv(getpid(), &l, 1, &r, 1, 0);
+    }
     auto t2 = std::chrono::steady_clock::now();
     double m = std::chrono::duration<double>(t1 - t0).count(), c = std::chrono::duration<double>(t2 - t1).count();
     printf("%8zu  memcpy %.2f GB/s  cma %.2f GB/s\n", sz, sz * reps / m / 1e9, sz * reps / c / 1e9);
