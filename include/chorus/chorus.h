@@ -5,7 +5,9 @@
  *  - Counts are numbers of elements (not bytes) and are 64-bit; byte sizes are count * chorusTypeSize(dtype).
  *  - Every function returns a chorusResult_t. On failure, chorusGetLastError(comm) (or chorusGetLastError(NULL):
  *    this thread's last error, also of calls without a communicator) returns text naming the rank and, where it
- *    applies, the peer, the collective and its sequence number.
+ *    applies, the peer, the collective and its sequence number. In a communicator made by chorusCommSplit the
+ *    text starts "rank R (split color C of rank P): ", P being this rank in the communicator it was split from
+ *    (nested for a split of a split); the ranks named after it are numbered in the split communicator.
  *  - Arguments are validated before anything happens: a bad argument returns chorusInvalidArgument and no
  *    buffer is read or written.
  *  - Thread safety: one communicator is driven by one thread at a time (as with NCCL and MPI); different
@@ -164,6 +166,9 @@ chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank);
 /* chorusSuccess if the communicator is healthy, else the error that broke it (see chorusGetLastError). */
 chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError);
 
+/* A sum whose every input is first multiplied by *scalar (read as `datatype` when the op is created), as NCCL's
+ * ncclRedOpCreatePreMulSum. The op belongs to `comm`: a call with it on another communicator, with another
+ * datatype, or after chorusRedOpDestroy is chorusInvalidArgument. Op values are unique in the process. */
 chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, chorusDataType_t datatype,
                                           chorusScalarResidence_t residence, chorusComm_t comm);
 chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm);
@@ -361,10 +366,12 @@ chorusResult_t chorusIreduceScatterEx(const void* sendbuff, void* recvbuff, size
                                       chorusRequest_t* request);
 /* *done = 1 when complete (then the request's result is returned), else *done = 0 and chorusSuccess. */
 chorusResult_t chorusTest(chorusRequest_t request, int* done);
-/* Waits up to timeout_ms milliseconds (negative: CHORUS_TIMEOUT_MS). Returns the operation's result, or
- * chorusTimeout if it is still running (the request stays valid). */
+/* Waits up to timeout_ms milliseconds; negative: until the operation ends, which it does by itself (a hang ends
+ * at the operation's own deadline, CHORUS_TIMEOUT_MS, with an error naming the ranks that did not take part).
+ * Returns the operation's result, or chorusTimeout if it is still running (the request stays valid). */
 chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms);
-/* Frees a request; a request still running is waited for first. */
+/* Frees a request; a request still running is waited for first. NULL: nothing. A request already freed, here or
+ * in chorusTest/chorusWait, is chorusInvalidUsage (unless a newer request was given the same handle). */
 chorusResult_t chorusRequestFree(chorusRequest_t request);
 
 #ifdef __cplusplus

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,9 @@ struct chorusComm {
   // live have left, so chorusCommAbort from a watchdog thread never frees what another thread is using.
   std::atomic<int> users{0};
   int rank = -1;  // the rank, kept after destroy (the handle is never freed): error texts name it
+  // Where a communicator made by chorusCommSplit came from, after its rank in every error text:
+  // " (split color 1 of rank 3)", nested for a split of a split. Empty for one made by an init.
+  std::string origin;
   std::mutex err_mu;
   std::string last_error;
 };
@@ -42,10 +46,33 @@ struct chorusRequest {
   chorusComm* comm = nullptr;
 };
 
+namespace {
+// Every live request. A request is freed by chorusRequestFree (a training loop makes millions: no tombstones as for
+// communicators), so a handle is looked up here before use: one freed is chorusInvalidUsage, not freed memory (until
+// a newer request happens to get its address, as with any handle passed by value).
+std::mutex g_requests_mu;
+std::unordered_set<const chorusRequest*> g_requests;
+
+struct LiveRequest {
+  std::shared_ptr<chorus::RequestState> state;
+  chorusComm* comm = nullptr;
+};
+}  // namespace
+
 namespace chorus {
 namespace {
 
 thread_local std::string t_last_error;
+
+// An error text of `comm` as the caller sees it: it starts with the rank that reports it (and, for a split
+// communicator, where that communicator came from), whatever threw it: "rank is NULL" and "rank 2 left ..." get it
+// too.
+std::string with_rank(const chorusComm* comm, std::string text) {
+  if (comm == nullptr || comm->rank < 0) return text;
+  const std::string self = cat("rank ", comm->rank, ": ");
+  if (text.rfind(self, 0) == 0) text.erase(0, self.size());
+  return cat("rank ", comm->rank, comm->origin, ": ", text);
+}
 
 void set_error(chorusComm* comm, const std::string& text) {
   t_last_error = text;
@@ -61,12 +88,7 @@ chorusResult_t guarded(chorusComm* comm, F&& f) {
     f();
     return chorusSuccess;
   } catch (const Error& e) {
-    // Every error of a communicator names the rank that reports it.
-    std::string text = e.what();
-    if (comm != nullptr && comm->rank >= 0) {
-      const std::string self = cat("rank ", comm->rank, ": ");
-      if (text.rfind(self, 0) != 0) text = self + text;  // "rank is NULL" and "rank 2 left ..." get it too
-    }
+    const std::string text = with_rank(comm, e.what());
     CHORUS_INFO(Core, "%s", text.c_str());
     set_error(comm, text);
     return e.code();
@@ -79,6 +101,19 @@ chorusResult_t guarded(chorusComm* comm, F&& f) {
   }
 }
 
+// The request behind a handle, if it is live (empty state otherwise, and for NULL): copied, so a chorusRequestFree
+// from another thread cannot free what this call uses.
+LiveRequest live_request(const chorusRequest* request) {
+  if (request == nullptr) return {};
+  std::lock_guard<std::mutex> lock(g_requests_mu);
+  if (g_requests.count(request) == 0) return {};
+  return {request->state, request->comm};
+}
+
+Error not_a_live_request() {
+  return Error(chorusInvalidUsage, Subsys::Core, "request is not a live request (used after chorusRequestFree?)");
+}
+
 // One API call's use of a communicator (see chorusComm::users). Sequentially consistent with retire(): either the
 // call sees the communicator retired, or retire() sees the call and waits for it.
 class Live {
@@ -89,7 +124,8 @@ class Live {
     impl_ = comm->impl.load();
     if (impl_ == nullptr) {
       comm->users.fetch_sub(1);
-      throw Error(chorusInvalidUsage, Subsys::Core, "comm is not a live communicator (used after destroy?)");
+      throw Error(chorusInvalidUsage, Subsys::Core,
+                  "comm is not a live communicator (used after chorusCommDestroy or chorusCommAbort?)");
     }
   }
   ~Live() { comm_->users.fetch_sub(1); }
@@ -233,6 +269,10 @@ chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* reques
     auto r = std::make_unique<chorusRequest>();
     r->comm = comm;
     r->state = c.submit(std::move(a));
+    {
+      std::lock_guard<std::mutex> lock(g_requests_mu);
+      g_requests.insert(r.get());
+    }
     *request = r.release();
   }));
 }
@@ -376,7 +416,9 @@ chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm
     refuse_in_group("chorusCommSplit");
     CommImpl::Guard guard(c);
     auto impl = c.split(color, key, newcomm != nullptr);
-    *newcomm = impl ? wrap(std::move(impl)) : nullptr;
+    chorusComm* child = impl ? wrap(std::move(impl)) : nullptr;
+    if (child != nullptr) child->origin = cat(" (split color ", color, " of rank ", comm->rank, comm->origin, ")");
+    *newcomm = child;
   }));
 }
 
@@ -430,7 +472,7 @@ chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncE
     if (asyncError == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "asyncError is NULL");
     std::string text;
     *asyncError = c.async_error(&text);
-    if (*asyncError != chorusSuccess) set_error(comm, text);
+    if (*asyncError != chorusSuccess) set_error(comm, with_rank(comm, text));
   });
 }
 
@@ -938,31 +980,49 @@ chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, 
 }
 
 chorusResult_t chorusTest(chorusRequest_t request, int* done) {
-  return guarded(request ? request->comm : nullptr, [&] {
-    if (request == nullptr || done == nullptr)
-      throw Error(chorusInvalidArgument, Subsys::Core, "request and done must not be NULL");
-    std::lock_guard<std::mutex> lock(request->state->mu);
-    *done = request->state->done ? 1 : 0;
-    if (request->state->done && request->state->result != chorusSuccess)
-      throw Error(request->state->result, Subsys::Core, request->state->error);
+  const LiveRequest r = live_request(request);
+  return guarded(r.comm, [&] {
+    if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
+    if (done == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "done is NULL");
+    if (!r.state) throw not_a_live_request();
+    std::lock_guard<std::mutex> lock(r.state->mu);
+    *done = r.state->done ? 1 : 0;
+    if (r.state->done && r.state->result != chorusSuccess) throw Error(r.state->result, Subsys::Core, r.state->error);
   });
 }
 
 chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms) {
-  return guarded(request ? request->comm : nullptr, [&] {
+  const LiveRequest r = live_request(request);
+  return guarded(r.comm, [&] {
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
-    // At most a year: wait_for would overflow on INT64_MAX.
-    int64_t ms = std::min<int64_t>(timeout_ms >= 0 ? timeout_ms : param_int(Param::TimeoutMs), int64_t{1} << 35);
-    RequestState& st = *request->state;
+    if (!r.state) throw not_a_live_request();
+    RequestState& st = *r.state;
     std::unique_lock<std::mutex> lock(st.mu);
-    if (!st.cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return st.done; }))
-      throw Error(chorusTimeout, Subsys::Core, cat("chorusWait: operation still running after ", ms, " ms"));
+    if (timeout_ms < 0) {
+      // Until it ends: an operation ends by itself (its own deadline, CHORUS_TIMEOUT_MS, then the error that says
+      // which ranks did not take part), so this does not hang, and a hang is reported by that error, not by a wait
+      // that would give up first.
+      st.cv.wait(lock, [&] { return st.done; });
+    } else {
+      // At most a year: wait_for would overflow on INT64_MAX.
+      const int64_t ms = std::min<int64_t>(timeout_ms, int64_t{1} << 35);
+      if (!st.cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return st.done; }))
+        throw Error(chorusTimeout, Subsys::Core, cat("chorusWait: operation still running after ", ms, " ms"));
+    }
     if (st.result != chorusSuccess) throw Error(st.result, Subsys::Core, st.error);
   });
 }
 
 chorusResult_t chorusRequestFree(chorusRequest_t request) {
   if (request == nullptr) return chorusSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g_requests_mu);
+    if (g_requests.erase(request) == 0) {
+      set_error(nullptr, not_a_live_request().what());
+      return chorusInvalidUsage;
+    }
+  }
+  // Only this thread can reach it now.
   {
     std::unique_lock<std::mutex> lock(request->state->mu);
     request->state->cv.wait(lock, [&] { return request->state->done; });

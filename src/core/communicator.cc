@@ -528,14 +528,16 @@ void CommImpl::check_overlap(const CollArgs& a) const {
 void CommImpl::check_abort() const {
   if (aborted_.load(std::memory_order_relaxed))
     throw Error(chorusInvalidUsage, Subsys::Core, cat("rank ", rank_, ": communicator was aborted"));
-  if (bootstrap_->failed()) {
-    PeerFailure f = peer_failure();
-    // Name the rank even when the text does not.
-    std::string who = f.rank >= 0 && f.text.find(cat("rank ", f.rank)) == std::string::npos
-                          ? cat("rank ", f.rank, " is gone: ")
-                          : std::string();
-    throw Error(chorusRemoteError, Subsys::Core, cat("rank ", rank_, ": peer failure: ", who, f.text));
-  }
+  if (bootstrap_->failed()) throw Error(chorusRemoteError, Subsys::Core, peer_failure_text());
+}
+
+std::string CommImpl::peer_failure_text() const {
+  PeerFailure f = peer_failure();
+  // Name the rank even when the text does not.
+  std::string who = f.rank >= 0 && f.text.find(cat("rank ", f.rank)) == std::string::npos
+                        ? cat("rank ", f.rank, " is gone: ")
+                        : std::string();
+  return cat("rank ", rank_, ": peer failure: ", who, f.text);
 }
 
 PeerFailure CommImpl::peer_failure() const {
@@ -565,7 +567,7 @@ void CommImpl::fail(const Error& e) {
 chorusResult_t CommImpl::async_error(std::string* text) const {
   std::lock_guard<std::mutex> lock(err_mu_);
   if (broken_ == chorusSuccess && bootstrap_->failed()) {
-    if (text) *text = peer_failure().text;
+    if (text) *text = peer_failure_text();
     return chorusRemoteError;
   }
   if (text) *text = broken_text_;
@@ -788,12 +790,23 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
   }
 }
 
-void CommImpl::run(const CollArgs& a) {
+void CommImpl::throw_if_broken() const {
   if (is_broken_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(err_mu_);
     throw Error(broken_, Subsys::Core, broken_text_);
   }
-  check_abort();
+}
+
+void CommImpl::run(const CollArgs& a) {
+  throw_if_broken();
+  try {
+    check_abort();
+  } catch (const Error& e) {
+    // The first call to find a failure that happened elsewhere, or an abort: name the call it stopped.
+    const std::string call =
+        a.coll == Coll::SendRecv ? std::string("SendRecv") : cat(algo::coll_name(a.coll), " #", seq_ + 1);
+    throw Error(e.code(), e.subsys(), cat("rank ", rank_, ": ", call, ": ", without_rank_prefix(e.what())));
+  }
   WireHeader hdr;
   hdr.comm_id = comm_id_;
   hdr.coll = static_cast<uint8_t>(a.coll);
@@ -1350,7 +1363,8 @@ void CommImpl::post(const std::shared_ptr<RequestState>& place, CollArgs a) {
       q_cv_.notify_all();
       return;
     }
-  throw Error(chorusInternalError, Subsys::Core, "post: no reserved place for this call");
+  // Not waiting for its post: an abort came first and completes the place itself (it fails without running, and its
+  // on_done runs on the worker), so nothing is left to do here, and the caller must not complete it a second time.
 }
 
 void CommImpl::cancel(const std::shared_ptr<RequestState>& place) {
@@ -1401,6 +1415,7 @@ void CommImpl::worker_loop() {
 }
 
 std::unique_ptr<CommImpl> CommImpl::split(int color, int key, bool has_newcomm) {
+  throw_if_broken();  // as every call of a broken communicator: the error that broke it
   std::string refusal;
   if (!has_newcomm)
     refusal = "newcomm is NULL";
@@ -1506,13 +1521,18 @@ chorusRedOp_t CommImpl::create_premul(const void* scalar, chorusDataType_t dtype
     case chorusFloat8e5m2: pm.f = kernels::e5m2_to_float(*static_cast<const uint8_t*>(scalar)); break;
     default: bad_arg("invalid datatype");
   }
-  int id = next_premul_++;
+  // Ids are unique in the process, not per communicator: an op used on a communicator other than its own is
+  // refused (it is not among that communicator's ops), never taken for one of them.
+  static std::atomic<int> next_id{chorusNumOps};
+  const int id = next_id.fetch_add(1);
+  if (id < chorusNumOps) throw Error(chorusSystemError, Subsys::Core, "out of pre-multiplied sum ids (2^31 created)");
   premul_[id] = pm;
   return static_cast<chorusRedOp_t>(id);
 }
 
 void CommImpl::destroy_premul(chorusRedOp_t op) {
-  if (premul_.erase(op) == 0) bad_arg(cat("op=", static_cast<int>(op), " is not a live pre-multiplied sum"));
+  if (premul_.erase(op) == 0)
+    bad_arg(cat("op=", static_cast<int>(op), " is not a live pre-multiplied sum of this communicator"));
 }
 
 }  // namespace chorus

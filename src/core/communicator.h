@@ -117,6 +117,7 @@ class CommImpl {
   // from any thread (a CUDA host function), and the worker runs it. `on_done(result)` runs on the worker thread once
   // the call finished or failed; it must not block or call CUDA. A reserved place that is never posted holds every
   // later call of the communicator (and its destruction) back.
+  // A post after an abort() does nothing: the abort already made the place fail, and its on_done runs (once).
   std::shared_ptr<RequestState> reserve(std::function<void(chorusResult_t)> on_done);
   void post(const std::shared_ptr<RequestState>& place, CollArgs a);
   // Gives up a reserved place that will never be posted (its on_done does not run).
@@ -184,6 +185,8 @@ class CommImpl {
   void ensure_connections(const std::vector<std::pair<int, int>>& needed, const WireHeader& call, Deadline deadline);
   Transport& choose_transport(int peer);
   void check_abort() const;
+  // Throws the error that broke this communicator, if one did: every later call returns it, unchanged.
+  void throw_if_broken() const;
   // Throws chorusRemoteError naming the peer when a message of a peer waits here for this very call (same sequence
   // number) with another fingerprint: data at the head of a connection, or a request for a connection. A peer
   // running another program (another root, say) may need connections this rank's does not, or none it waits for,
@@ -203,6 +206,8 @@ class CommImpl {
   void fail(const Error& e);
   // The bootstrap's failure, naming the rank whose process hosted the root when the root's connection closed.
   PeerFailure peer_failure() const;
+  // What a call sees when the bootstrap has heard of a failure: "rank R: peer failure: ...", naming the failed rank.
+  std::string peer_failure_text() const;
   void worker_loop();
 
   int rank_ = 0, nranks_ = 0;
@@ -251,8 +256,7 @@ class CommImpl {
     int64_t i = 1;
     chorusDataType_t dtype = chorusFloat32;
   };
-  std::map<int, PreMul> premul_;
-  int next_premul_ = chorusNumOps;
+  std::map<int, PreMul> premul_;  // by op id, unique in the process (create_premul)
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex err_mu_;

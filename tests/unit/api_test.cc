@@ -420,7 +420,8 @@ TEST(Communicator, UseAfterDestroyIsAnError) {
   ASSERT_EQ(chorusCommDestroy(c), chorusSuccess);
   float v = 1;
   EXPECT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c, nullptr), chorusInvalidUsage);
-  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("destroy"), std::string::npos);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("used after chorusCommDestroy or chorusCommAbort"),
+            std::string::npos);
   int n = 0;
   EXPECT_EQ(chorusCommCount(c, &n), chorusInvalidUsage);
   EXPECT_EQ(chorusCommDestroy(c), chorusInvalidUsage);
@@ -803,6 +804,126 @@ TEST(NonBlocking, WaitTimesOutWhileAPeerIsLate) {
     EXPECT_EQ(chorusWait(req, -1), chorusSuccess) << chorusGetLastError(c);
     EXPECT_EQ(v, 2.0f);
     chorusRequestFree(req);
+  });
+}
+
+TEST(NonBlocking, AWaitWithoutATimeoutEndsWithTheErrorThatNamesAMissingRank) {
+  // The wait does not give up before the operation's own deadline, whose error says who did not take part.
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "700");
+  World w(2);  // its own world: the timeout breaks the communicators
+  std::atomic<bool> done{false};
+  w.run([&](int r, chorusComm_t c) {
+    if (r == 1) {  // never joins
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    float v = 1.0f;
+    chorusRequest_t req = nullptr;
+    ASSERT_EQ(chorusIallReduce(&v, &v, 1, chorusFloat32, chorusSum, c, &req), chorusSuccess);
+    const chorusResult_t rc = chorusWait(req, -1);
+    const std::string text = chorusGetLastError(c);
+    EXPECT_EQ(rc, chorusTimeout) << text;
+    EXPECT_NE(text.find("AllReduce #1"), std::string::npos) << text;
+    EXPECT_NE(text.find("rank(s) 1"), std::string::npos) << text;
+    EXPECT_NE(text.find("had not called collective #1"), std::string::npos) << text;
+    EXPECT_EQ(chorusRequestFree(req), chorusSuccess);
+    done = true;
+  });
+}
+
+TEST(NonBlocking, ARequestUsedAfterItWasFreedIsInvalidUsage) {
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t c) {
+    float v = static_cast<float>(r + 1);
+    chorusRequest_t req = nullptr;
+    ASSERT_EQ(chorusIallReduce(&v, &v, 1, chorusFloat32, chorusSum, c, &req), chorusSuccess);
+    int done = -1;
+    EXPECT_EQ(chorusTest(req, nullptr), chorusInvalidArgument);
+    EXPECT_EQ(std::string(chorusGetLastError(c)), "rank " + std::to_string(r) + ": done is NULL");
+    EXPECT_EQ(chorusTest(nullptr, &done), chorusInvalidArgument);
+    EXPECT_EQ(std::string(chorusGetLastError(nullptr)), "request is NULL");
+    ASSERT_EQ(chorusRequestFree(req), chorusSuccess);  // waits for it
+    EXPECT_EQ(v, 3.0f);
+    const std::string freed = "request is not a live request (used after chorusRequestFree?)";
+    EXPECT_EQ(chorusTest(req, &done), chorusInvalidUsage);
+    EXPECT_EQ(std::string(chorusGetLastError(nullptr)), freed);
+    EXPECT_EQ(done, -1);
+    EXPECT_EQ(chorusWait(req, -1), chorusInvalidUsage);
+    EXPECT_EQ(std::string(chorusGetLastError(nullptr)), freed);
+    EXPECT_EQ(chorusRequestFree(req), chorusInvalidUsage);
+    EXPECT_EQ(std::string(chorusGetLastError(nullptr)), freed);
+    EXPECT_EQ(chorusRequestFree(nullptr), chorusSuccess);
+    // Nothing else changed.
+    ASSERT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(v, 6.0f);
+  });
+}
+
+TEST(PreMulSum, AnOpIsRefusedOnAnotherCommunicator) {
+  chorusComm_t world[2], other[2];
+  init_ranks_and_split(world, other);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      float two = 2.0f, three = 3.0f;
+      chorusRedOp_t by2 = chorusSum, by3 = chorusSum;
+      ASSERT_EQ(chorusRedOpCreatePreMulSum(&by2, &two, chorusFloat32, chorusScalarHostImmediate, world[r]),
+                chorusSuccess);
+      ASSERT_EQ(chorusRedOpCreatePreMulSum(&by3, &three, chorusFloat32, chorusScalarHostImmediate, other[r]),
+                chorusSuccess);
+      EXPECT_NE(by2, by3);
+      float x = 1.0f, y = -1.0f;
+      EXPECT_EQ(chorusAllReduce(&x, &y, 1, chorusFloat32, by2, other[r], nullptr), chorusInvalidArgument);
+      const std::string text = chorusGetLastError(other[r]);
+      EXPECT_NE(text.find("is not a valid chorusRedOp_t or a live pre-multiplied sum of this communicator"),
+                std::string::npos)
+          << text;
+      EXPECT_EQ(y, -1.0f);
+      EXPECT_EQ(chorusRedOpDestroy(by2, other[r]), chorusInvalidArgument);
+      ASSERT_EQ(chorusAllReduce(&x, &y, 1, chorusFloat32, by3, other[r], nullptr), chorusSuccess)
+          << chorusGetLastError(other[r]);
+      EXPECT_EQ(y, 6.0f);
+      ASSERT_EQ(chorusAllReduce(&x, &y, 1, chorusFloat32, by2, world[r], nullptr), chorusSuccess)
+          << chorusGetLastError(world[r]);
+      EXPECT_EQ(y, 4.0f);
+      EXPECT_EQ(chorusRedOpDestroy(by2, world[r]), chorusSuccess);
+      EXPECT_EQ(chorusRedOpDestroy(by3, other[r]), chorusSuccess);
+    });
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      EXPECT_EQ(chorusCommDestroy(other[r]), chorusSuccess);
+      EXPECT_EQ(chorusCommDestroy(world[r]), chorusSuccess);
+    });
+  for (auto& t : threads) t.join();
+}
+
+TEST(Communicator, ErrorsOfASplitCommunicatorSayWhereItCameFrom) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "20000");
+  World& w = World::get(4);
+  w.run([&](int r, chorusComm_t c) {
+    chorusComm_t sub = nullptr, subsub = nullptr;
+    ASSERT_EQ(chorusCommSplit(c, 0, -r, &sub), chorusSuccess) << chorusGetLastError(c);        // rank 3 - r there
+    ASSERT_EQ(chorusCommSplit(sub, 1, r, &subsub), chorusSuccess) << chorusGetLastError(sub);  // rank r again
+    // Rank 1 calls with another count: every rank's error leads with where its communicator came from.
+    std::vector<float> v(r == 1 ? 5 : 4, 1.0f);
+    EXPECT_NE(chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, subsub, nullptr), chorusSuccess);
+    const std::string text = chorusGetLastError(subsub);
+    const std::string lead = "rank " + std::to_string(r) + " (split color 1 of rank " + std::to_string(3 - r) +
+                             " (split color 0 of rank " + std::to_string(r) + ")): ";
+    EXPECT_EQ(text.rfind(lead, 0), 0u) << text;
+    EXPECT_NE(text.find("mismatched collective"), std::string::npos) << text;
+    // The same error again, as every later call of a broken communicator returns: from a split too.
+    chorusComm_t never = nullptr;
+    EXPECT_NE(chorusCommSplit(subsub, 0, 0, &never), chorusSuccess);
+    EXPECT_EQ(std::string(chorusGetLastError(subsub)), text);
+    EXPECT_EQ(never, nullptr);
+    EXPECT_EQ(chorusCommDestroy(subsub), chorusSuccess);
+    EXPECT_EQ(chorusCommDestroy(sub), chorusSuccess);
+    int64_t x = r, sum = 0;  // the parent is healthy
+    ASSERT_EQ(chorusAllReduce(&x, &sum, 1, chorusInt64, chorusSum, c, nullptr), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(sum, 6);
   });
 }
 
@@ -1483,9 +1604,37 @@ TEST(Faults, AbortIsLocalBoundedAndNamedByThePeers) {
     EXPECT_NE(std::string(chorusGetLastError(c)).find("rank 1"), std::string::npos) << chorusGetLastError(c);
     // The communicator stays broken with the same error, and destroy still works.
     EXPECT_EQ(chorusBarrier(c, nullptr), chorusRemoteError);
+    const std::string text = chorusGetLastError(c);
     chorusResult_t async = chorusSuccess;
     EXPECT_EQ(chorusCommGetAsyncError(c, &async), chorusSuccess);
     EXPECT_EQ(async, chorusRemoteError);
+    EXPECT_EQ(std::string(chorusGetLastError(c)), text);
+    chorusComm_t sub = nullptr;
+    EXPECT_EQ(chorusCommSplit(c, 0, 0, &sub), chorusRemoteError);
+    EXPECT_EQ(std::string(chorusGetLastError(c)), text);
+  });
+}
+
+TEST(Faults, APeerFailureHeardBeforeAnyCallFailedIsTheAsyncErrorAndNamesTheNextCall) {
+  World w(2);
+  w.run([&](int r, chorusComm_t c) {
+    if (r == 1) {
+      EXPECT_EQ(chorusCommAbort(c), chorusSuccess);
+      w.release(1);
+      return;
+    }
+    chorusResult_t async = chorusSuccess;
+    for (int i = 0; i < 10000 && async == chorusSuccess; ++i) {
+      ASSERT_EQ(chorusCommGetAsyncError(c, &async), chorusSuccess);
+      if (async == chorusSuccess) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(async, chorusRemoteError);
+    const std::string heard = chorusGetLastError(c);
+    EXPECT_EQ(heard.rfind("rank 0: peer failure: rank 1", 0), 0u) << heard;
+    float v = 1.0f;
+    EXPECT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c, nullptr), chorusRemoteError);
+    const std::string call = chorusGetLastError(c);
+    EXPECT_EQ(call.rfind("rank 0: AllReduce #1: peer failure: rank 1", 0), 0u) << call;
   });
 }
 
