@@ -350,7 +350,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   // Every rank's waiting call holds a hardware queue; 8 thread-ranks need more than the default 8 (docs/cuda.md).
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  // At least 32 hardware queues (docs/cuda.md): an environment that set fewer would deadlock staged thread-ranks.
+  if (const char* v = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"); v == nullptr || std::atoi(v) < 32)
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     std::printf("bench_cuda_collectives: no CUDA device\n");

@@ -32,8 +32,12 @@ namespace {
 using test::World;
 
 // Each rank's waiting call holds a hardware queue: up to 8 thread-ranks plus the tests' own streams need more than
-// the default 8 connections (docs/cuda.md). Set before CUDA starts; touches no CUDA itself.
-[[maybe_unused]] const bool kMaxConnections = [] { return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
+// the default 8 connections (docs/cuda.md), and an environment that set fewer (some training images export 1) would
+// deadlock the staged tests. Raised to 32 before CUDA starts; touches no CUDA itself.
+[[maybe_unused]] const bool kMaxConnections = [] {
+  const char* v = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  return (v != nullptr && std::atoi(v) >= 32) || setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1) == 0;
+}();
 
 size_t esize(chorusDataType_t t) { return dtype_size(t); }
 
@@ -212,6 +216,21 @@ TEST(CudaCollectives, EveryCollectiveDtypeAndOpAt1To8RanksInAndOutOfPlace) {
   set_direct(true);
 }
 
+// Small, on both paths (direct between thread-ranks, and staged), with no gate on the stream: for compute-sanitizer
+// memcheck (scripts/gpu-check.sh), which may block a launch until the kernel ends.
+TEST(CudaCollectives, SmallAllReduceOnBothPaths) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  World& w = World::get(2);
+  std::vector<cudaStream_t> streams = make_streams(2);
+  for (bool direct : {true, false}) {
+    set_direct(direct);
+    run_collective(w, streams, "all_reduce", chorusFloat32, chorusSum, 1003, false);
+    run_collective(w, streams, "all_reduce", chorusBfloat16, chorusMax, 1003, true);
+  }
+  set_direct(true);
+  destroy_streams(streams);
+}
+
 TEST(CudaCollectives, CapturedInAGraphAndReplayed) {
   CHORUS_REQUIRE_CUDA_DEVICE();
   const int n = 4;
@@ -224,6 +243,11 @@ TEST(CudaCollectives, CapturedInAGraphAndReplayed) {
   std::vector<cudaGraphExec_t> execs(n, nullptr);
   w.run([&](int r, chorusComm_t comm) {
     cudaStream_t s = streams[r];
+    // One call outside the capture first, as PyTorch asks before capturing (docs/cuda.md): the kernels' loading
+    // (lazy) and the first pinned staging are not done inside a capture.
+    ASSERT_EQ(chorusAllReduce(in[r]->get(), out[r]->get(), count, chorusFloat32, chorusSum, comm, s), chorusSuccess)
+        << chorusGetLastError(comm);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
     ASSERT_EQ(chorusAllReduce(in[r]->get(), out[r]->get(), count, chorusFloat32, chorusSum, comm, s), chorusSuccess)
         << chorusGetLastError(comm);
@@ -528,6 +552,15 @@ TEST(CudaCollectives, DirectAllGatherRunsOnCopyEnginesWhileEverySmIsHeld) {
     for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(r * 1000 + static_cast<int>(i % 977));
     ASSERT_EQ(upload(in[r]->get(), x.data(), count * 4), cudaSuccess);
   }
+  // One all-gather before the SMs are held: loading kernels (lazy, at a process's first call on device buffers) may
+  // wait for the whole device, which the occupier holds for up to 60 s.
+  w.run([&](int r, chorusComm_t comm) {
+    ASSERT_EQ(chorusAllGather(in[r]->get(), out[r]->get(), count, chorusFloat32, comm, streams[r]), chorusSuccess)
+        << chorusGetLastError(comm);
+    ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+  });
+  for (int r = 0; r < n; ++r) ASSERT_EQ(cudaMemset(out[r]->get(), 0, count * 4 * n), cudaSuccess);  // checked below
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   SmOccupier hold;
   ASSERT_TRUE(hold.ok()) << hold.why();
   std::atomic<int> finished{0};
