@@ -243,7 +243,7 @@ typedef struct {
    * communication"). With sign1 and error feedback, the fresh D of every step keeps the residual small when the
    * gradient has a direction that persists over steps (docs/compression.md). Costs O(log block) flops per element
    * on both sides. A message's last record shorter than a block (and so a rank's whole shard when it is
-   * shorter than one block) is not rotated. A record holding a magnitude of 2^120 (1.3e36) or more cannot be rotated
+   * shorter than one block) is not rotated. A record holding a magnitude of 2^115 (4.2e34) or more cannot be rotated
    * within fp32 and decodes to NaN like a non-finite record. 0: none. */
   int rotation;
 } chorusCompression_t;
@@ -296,8 +296,10 @@ chorusResult_t chorusGatherEx(const void* sendbuff, void* recvbuff, size_t sendc
                               int root, const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusScatterEx(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
                                int root, const chorusCollOptions_t* options, chorusComm_t comm, chorusStream_t stream);
-/* Counts and displacements are in elements, one per rank. In place is not supported (returns
- * chorusInvalidArgument). */
+/* Counts and displacements are in elements, one per rank. In place is not supported, nor receive regions that
+ * overlap (an element written twice, as MPI_Alltoallv forbids): chorusInvalidArgument, naming the ranks. Sizes are
+ * checked by the receiver: when rank i's sendcounts[j] differs from rank j's recvcounts[i], rank j fails in the
+ * call, and rank i may return chorusSuccess and then fail at its next call (see the conventions above). */
 chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
                                const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
                                chorusComm_t comm, chorusStream_t stream);
@@ -367,8 +369,10 @@ chorusResult_t chorusIreduceScatterEx(const void* sendbuff, void* recvbuff, size
 /* *done = 1 when complete (then the request's result is returned), else *done = 0 and chorusSuccess. */
 chorusResult_t chorusTest(chorusRequest_t request, int* done);
 /* Waits up to timeout_ms milliseconds; negative: until the operation ends, which it does by itself (a hang ends
- * at the operation's own deadline, CHORUS_TIMEOUT_MS, with an error naming the ranks that did not take part).
- * Returns the operation's result, or chorusTimeout if it is still running (the request stays valid). */
+ * at the operation's own deadline, CHORUS_TIMEOUT_MS, with an error naming the ranks that did not take part; an
+ * operation queued behind a stream-ordered call of the same communicator also waits for that call's stream to
+ * reach it). Returns the operation's result (chorusTimeout if the operation itself timed out: it is done), or
+ * chorusInProgress if it is still running when timeout_ms has passed (the request stays valid). */
 chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms);
 /* Frees a request; a request still running is waited for first. NULL: nothing. A request already freed, here or
  * in chorusTest/chorusWait, is chorusInvalidUsage (unless a newer request was given the same handle). */

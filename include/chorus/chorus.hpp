@@ -142,8 +142,15 @@ class Request {
     check(chorusTest(r_, &done));
     return done != 0;
   }
-  // Waits up to timeout_ms (negative: CHORUS_TIMEOUT_MS). Throws CommError on failure or timeout.
-  void wait(int64_t timeout_ms = -1) { check(chorusWait(r_, timeout_ms)); }
+  // Waits up to timeout_ms milliseconds (negative: until the operation ends, see chorusWait). True once complete;
+  // false if it is still running when timeout_ms passed; throws CommError if the operation failed (its own
+  // timeout included).
+  bool wait(int64_t timeout_ms = -1) {
+    const chorusResult_t r = chorusWait(r_, timeout_ms);
+    if (r == chorusInProgress) return false;
+    check(r);
+    return true;
+  }
 
  private:
   void reset() {

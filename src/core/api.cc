@@ -1007,7 +1007,7 @@ chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms) {
       // At most a year: wait_for would overflow on INT64_MAX.
       const int64_t ms = std::min<int64_t>(timeout_ms, int64_t{1} << 35);
       if (!st.cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return st.done; }))
-        throw Error(chorusTimeout, Subsys::Core, cat("chorusWait: operation still running after ", ms, " ms"));
+        throw Error(chorusInProgress, Subsys::Core, cat("chorusWait: operation still running after ", ms, " ms"));
     }
     if (st.result != chorusSuccess) throw Error(st.result, Subsys::Core, st.error);
   });

@@ -244,7 +244,14 @@ CommImpl::~CommImpl() {
     lifeline_->comm = nullptr;
   }
   {
+    // No post can come now: a place still waiting for one (an abort let the destroy through, and the place was
+    // reserved after it) fails here, so the worker completes it and releases its stream instead of waiting for ever.
     std::unique_lock<std::mutex> lock(q_mu_);
+    for (Work& w : queue_)
+      if (!w.ready) {
+        w.ready = true;
+        w.aborted = true;
+      }
     stop_ = true;
     q_cv_.notify_all();
   }
@@ -382,6 +389,22 @@ void CommImpl::validate(CollArgs& a) const {
       need(a.recv, any_recv, "recvbuff");
       if (a.send != nullptr && a.send == a.recv)
         bad_arg("all-to-allv in place (sendbuff == recvbuff) is not supported");
+      {
+        // No element of the receive buffer is written twice (as MPI_Alltoallv requires): which rank's data would
+        // be there depends on arrival order. Send regions may overlap (they are only read).
+        std::vector<int> order;
+        for (int i = 0; i < n; ++i)
+          if (a.recvcounts[i] > 0) order.push_back(i);
+        std::sort(order.begin(), order.end(),
+                  [&](int x, int y) { return a.rdispls[x] != a.rdispls[y] ? a.rdispls[x] < a.rdispls[y] : x < y; });
+        for (size_t k = 1; k < order.size(); ++k) {
+          const int i = order[k - 1], j = order[k];
+          if (a.rdispls[i] + a.recvcounts[i] > a.rdispls[j])
+            bad_arg(cat("the receive regions of ranks ", std::min(i, j), " and ", std::max(i, j), " overlap (rdispls[",
+                        i, "]=", a.rdispls[i], ", recvcounts[", i, "]=", a.recvcounts[i], "; rdispls[", j,
+                        "]=", a.rdispls[j], ", recvcounts[", j, "]=", a.recvcounts[j], ")"));
+        }
+      }
       break;
     }
     case Coll::SendRecv: {
@@ -531,13 +554,15 @@ void CommImpl::check_abort() const {
   if (bootstrap_->failed()) throw Error(chorusRemoteError, Subsys::Core, peer_failure_text());
 }
 
-std::string CommImpl::peer_failure_text() const {
+std::string CommImpl::peer_failure_text() const { return cat("rank ", rank_, ": peer failure: ", peer_failure_what()); }
+
+std::string CommImpl::peer_failure_what() const {
   PeerFailure f = peer_failure();
   // Name the rank even when the text does not.
   std::string who = f.rank >= 0 && f.text.find(cat("rank ", f.rank)) == std::string::npos
                         ? cat("rank ", f.rank, " is gone: ")
                         : std::string();
-  return cat("rank ", rank_, ": peer failure: ", who, f.text);
+  return who + f.text;
 }
 
 PeerFailure CommImpl::peer_failure() const {
@@ -802,10 +827,13 @@ void CommImpl::run(const CollArgs& a) {
   try {
     check_abort();
   } catch (const Error& e) {
-    // The first call to find a failure that happened elsewhere, or an abort: name the call it stopped.
+    // The first call to find a failure that happened elsewhere names itself, and breaks the communicator with
+    // that error: every later call (and the async error) returns it unchanged.
     const std::string call =
         a.coll == Coll::SendRecv ? std::string("SendRecv") : cat(algo::coll_name(a.coll), " #", seq_ + 1);
-    throw Error(e.code(), e.subsys(), cat("rank ", rank_, ": ", call, ": ", without_rank_prefix(e.what())));
+    Error named(e.code(), e.subsys(), cat("rank ", rank_, ": ", call, ": ", without_rank_prefix(e.what())));
+    fail(named);
+    throw named;
   }
   WireHeader hdr;
   hdr.comm_id = comm_id_;
@@ -941,7 +969,7 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
     PeerFailure f = peer_failure();
     if (f.rank != rank_) {
       Error remote(chorusRemoteError, Subsys::Core,
-                   cat(what, ": peer failure: ", f.text, " (seen here as: ", text, ")"));
+                   cat(what, ": peer failure: ", peer_failure_what(), " (seen here as: ", text, ")"));
       fail(remote);
       throw remote;
     }
@@ -1350,21 +1378,25 @@ std::shared_ptr<RequestState> CommImpl::reserve(std::function<void(chorusResult_
   std::unique_lock<std::mutex> lock(q_mu_);
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   pending_.fetch_add(1, std::memory_order_acq_rel);
-  queue_.push_back(Work{CollArgs{}, req, false, false, std::move(on_done)});
+  // After an abort (which marked the places of that moment) a new place fails at once: no post is waited for.
+  const bool dead = aborted_.load();
+  queue_.push_back(Work{CollArgs{}, req, dead, dead, std::move(on_done)});
+  if (dead) q_cv_.notify_all();
   return req;
 }
 
-void CommImpl::post(const std::shared_ptr<RequestState>& place, CollArgs a) {
+bool CommImpl::post(const std::shared_ptr<RequestState>& place, CollArgs a) {
   std::unique_lock<std::mutex> lock(q_mu_);
   for (Work& w : queue_)
     if (w.req == place && !w.ready) {
       w.args = std::move(a);
       w.ready = true;
       q_cv_.notify_all();
-      return;
+      return true;
     }
-  // Not waiting for its post: an abort came first and completes the place itself (it fails without running, and its
-  // on_done runs on the worker), so nothing is left to do here, and the caller must not complete it a second time.
+  // Not waiting for its post: an abort came first, and the place fails without running (its on_done runs on the
+  // worker, once); the caller must not complete it a second time.
+  return false;
 }
 
 void CommImpl::cancel(const std::shared_ptr<RequestState>& place) {

@@ -117,9 +117,11 @@ class CommImpl {
   // from any thread (a CUDA host function), and the worker runs it. `on_done(result)` runs on the worker thread once
   // the call finished or failed; it must not block or call CUDA. A reserved place that is never posted holds every
   // later call of the communicator (and its destruction) back.
-  // A post after an abort() does nothing: the abort already made the place fail, and its on_done runs (once).
+  // Every reserved place is completed once, by the worker (its on_done): posted, or failed by an abort (a place
+  // reserved after abort() fails at once) or by the destructor (no post can come then). post() returns false, and
+  // does nothing, for a place an abort already failed.
   std::shared_ptr<RequestState> reserve(std::function<void(chorusResult_t)> on_done);
-  void post(const std::shared_ptr<RequestState>& place, CollArgs a);
+  bool post(const std::shared_ptr<RequestState>& place, CollArgs a);
   // Gives up a reserved place that will never be posted (its on_done does not run).
   void cancel(const std::shared_ptr<RequestState>& place);
 
@@ -208,6 +210,8 @@ class CommImpl {
   PeerFailure peer_failure() const;
   // What a call sees when the bootstrap has heard of a failure: "rank R: peer failure: ...", naming the failed rank.
   std::string peer_failure_text() const;
+  // The same without "rank R: peer failure: ": the failed rank and what happened.
+  std::string peer_failure_what() const;
   void worker_loop();
 
   int rank_ = 0, nranks_ = 0;

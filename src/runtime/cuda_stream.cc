@@ -136,32 +136,38 @@ std::function<void(chorusResult_t)> completion(uint32_t* flag, std::byte* recv, 
 }
 
 // Host function, when the stream reaches the call: hand it to the communicator's worker. Never throws, never
-// blocks; if the call cannot be posted the stream is released anyway, with a zeroed result (the error is the
-// communicator's async error).
+// blocks. A call issued outside a capture took its place in the communicator's order then (Op::place): that place is
+// completed once, by the worker's on_done (posted here, or failed by an abort or the communicator's end: see
+// CommImpl::reserve), which alone releases the stream; here a call that will not run only gets its zeroed result
+// (before the copy out, which comes after this function on the stream). A replayed graph's call takes its place here;
+// if it cannot, the stream is released here, with a zeroed result (the error is the communicator's async error).
 void CUDART_CB post_call(void* p) {
   Op* op = static_cast<Op*>(p);
-  auto give_up = [op] {  // as completion() does for a failed call
+  auto zero_result = [op] {
     if (op->recv != nullptr) std::memset(op->recv, 0, op->recv_bytes);
-    set_flag(op->staging->flag);
   };
+  bool placed = false;  // a place of this call is in the communicator's order: its on_done releases the stream
   try {
     std::lock_guard<std::mutex> lock(op->lifeline->mu);
     CommImpl* comm = op->lifeline->comm;
-    if (comm == nullptr) {
-      // Destroyed (after an abort released this call, or a graph replayed afterwards): the stream goes on.
-      give_up();
+    if (op->place) {
+      placed = true;
+      if (comm == nullptr || !comm->post(op->place, op->args)) zero_result();  // failed by an abort or the end
+      return;
+    }
+    if (comm == nullptr) {  // a graph replayed after the communicator's end
+      zero_result();
+      set_flag(op->staging->flag);
       return;
     }
     uint32_t* flag = op->staging->flag;
-    if (op->place) {
-      comm->post(op->place, op->args);
-    } else {
-      __atomic_store_n(flag, 0u, __ATOMIC_RELEASE);
-      auto place = comm->reserve(completion(flag, op->recv, op->recv_bytes));
-      comm->post(place, op->args);
-    }
+    __atomic_store_n(flag, 0u, __ATOMIC_RELEASE);
+    auto place = comm->reserve(completion(flag, op->recv, op->recv_bytes));
+    placed = true;
+    comm->post(place, op->args);
   } catch (...) {
-    give_up();
+    zero_result();
+    if (!placed) set_flag(op->staging->flag);
   }
 }
 

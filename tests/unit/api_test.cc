@@ -268,6 +268,36 @@ TEST(BadInput, AllToAllvInPlace) {
       chorusInvalidArgument, "in place");
 }
 
+TEST(BadInput, AllToAllvReceiveRegionsThatOverlap) {
+  // Each element of the receive buffer is written at most once; touching regions are fine, and so are send regions
+  // that overlap (they are only read).
+  size_t counts[2] = {3, 2}, same[2] = {0, 0}, stride[2] = {0, 2};
+  expect_bad(
+      [&](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        return chorusAllToAllv(in.data(), counts, same, out.data(), counts, same, chorusFloat32, c, nullptr);
+      },
+      chorusInvalidArgument,
+      "the receive regions of ranks 0 and 1 overlap (rdispls[0]=0, recvcounts[0]=3; rdispls[1]=0, recvcounts[1]=2)");
+  expect_bad(
+      [&](int, chorusComm_t c, Guarded& in, Guarded& out) {
+        return chorusAllToAllv(in.data(), counts, same, out.data(), counts, stride, chorusFloat32, c, nullptr);
+      },
+      chorusInvalidArgument, "the receive regions of ranks 0 and 1 overlap");
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t c) {
+    size_t sc[2] = {2, 2}, sd[2] = {0, 0}, rc[2] = {2, 2}, rd[2] = {2, 0};
+    const float in[2] = {static_cast<float>(10 * r), static_cast<float>(10 * r + 1)};
+    float out[4] = {-1, -1, -1, -1};
+    ASSERT_EQ(chorusAllToAllv(in, sc, sd, out, rc, rd, chorusFloat32, c, nullptr), chorusSuccess)
+        << chorusGetLastError(c);
+    // From rank 1 at 0..1, from rank 0 at 2..3; both ranks sent the same two elements to everyone.
+    EXPECT_EQ(out[0], 10.0f);
+    EXPECT_EQ(out[1], 11.0f);
+    EXPECT_EQ(out[2], 0.0f);
+    EXPECT_EQ(out[3], 1.0f);
+  });
+}
+
 TEST(BadInput, OverlapThatIsNotTheInPlaceForm) {
   expect_bad(
       [](int, chorusComm_t c, Guarded& in, Guarded&) {
@@ -799,7 +829,7 @@ TEST(NonBlocking, WaitTimesOutWhileAPeerIsLate) {
     chorusRequest_t req = nullptr;
     ASSERT_EQ(chorusIallReduce(&v, &v, 1, chorusFloat32, chorusSum, c, &req), chorusSuccess);
     if (r == 0) {
-      EXPECT_EQ(chorusWait(req, 10), chorusTimeout);  // rank 1 has not joined yet
+      EXPECT_EQ(chorusWait(req, 10), chorusInProgress);  // rank 1 has not joined yet: still running
     }
     EXPECT_EQ(chorusWait(req, -1), chorusSuccess) << chorusGetLastError(c);
     EXPECT_EQ(v, 2.0f);
@@ -1635,6 +1665,12 @@ TEST(Faults, APeerFailureHeardBeforeAnyCallFailedIsTheAsyncErrorAndNamesTheNextC
     EXPECT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, c, nullptr), chorusRemoteError);
     const std::string call = chorusGetLastError(c);
     EXPECT_EQ(call.rfind("rank 0: AllReduce #1: peer failure: rank 1", 0), 0u) << call;
+    // That call broke the communicator: later calls and the async error give its text unchanged.
+    EXPECT_EQ(chorusBarrier(c, nullptr), chorusRemoteError);
+    EXPECT_EQ(std::string(chorusGetLastError(c)), call);
+    ASSERT_EQ(chorusCommGetAsyncError(c, &async), chorusSuccess);
+    EXPECT_EQ(async, chorusRemoteError);
+    EXPECT_EQ(std::string(chorusGetLastError(c)), call);
   });
 }
 

@@ -118,6 +118,59 @@ TEST(StreamOrder, ACancelledPlaceHoldsNothingBack) {
   });
 }
 
+// Whatever comes first, a post, an abort or the communicator's end, each place's on_done runs exactly once (it alone
+// releases the caller's stream): an abort fails the places waiting for a post and any reserved after it, a post after
+// that does nothing, and the destructor fails a place that can no longer be posted instead of waiting for it.
+TEST(StreamOrder, EveryPlaceIsCompletedOnceByAPostAnAbortOrTheEnd) {
+  auto wait_for = [](const std::atomic<int>& calls, int want) {
+    for (int i = 0; i < 5000 && calls.load() < want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  std::vector<float> x(16, 2.0f), y(16, 0.0f);
+  {
+    std::atomic<int> p1_calls{0}, p2_calls{0};
+    std::atomic<chorusResult_t> p1_result{chorusSuccess}, p2_result{chorusSuccess};
+    auto c = std::make_unique<CommImpl>(create_unique_id(), 1, 0);
+    auto p1 = c->reserve([&](chorusResult_t res) {
+      p1_result = res;
+      ++p1_calls;
+    });
+    c->abort();
+    wait_for(p1_calls, 1);
+    EXPECT_FALSE(c->post(p1, all_reduce(x.data(), y.data(), x.size())));
+    auto p2 = c->reserve([&](chorusResult_t res) {
+      p2_result = res;
+      ++p2_calls;
+    });
+    wait_for(p2_calls, 1);
+    EXPECT_FALSE(c->post(p2, all_reduce(x.data(), y.data(), x.size())));
+    c.reset();
+    EXPECT_EQ(p1_calls.load(), 1);
+    EXPECT_EQ(p2_calls.load(), 1);
+    EXPECT_EQ(p1_result.load(), chorusInvalidUsage);
+    EXPECT_EQ(p2_result.load(), chorusInvalidUsage);
+  }
+  {
+    std::atomic<int> calls{0};
+    std::atomic<chorusResult_t> result{chorusSuccess};
+    auto c = std::make_unique<CommImpl>(create_unique_id(), 1, 0);
+    auto posted = c->reserve([&](chorusResult_t res) {
+      EXPECT_EQ(res, chorusSuccess);
+      ++calls;
+    });
+    CollArgs a = all_reduce(x.data(), y.data(), x.size());
+    c->validate(a);
+    EXPECT_TRUE(c->post(posted, a));
+    auto never = c->reserve([&](chorusResult_t res) {
+      result = res;
+      ++calls;
+    });
+    c.reset();  // ends without waiting for a post of `never`
+    EXPECT_EQ(calls.load(), 2);
+    EXPECT_EQ(result.load(), chorusInvalidUsage);
+    for (float v : y) ASSERT_EQ(v, 2.0f);
+  }
+}
+
 TEST(StreamOrder, ExtentsOfEveryCollective) {
   on_two_ranks([](CommImpl& c, int r) {
     CollArgs a;
