@@ -774,9 +774,8 @@ SrKey make_key(const Codec& c, const EncodeCtx& ctx) {
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, int blocks_per_sm_cached, size_t items, cudaStream_t stream, const char* what,
             Args... args) {
-  cudaGetLastError();  // clear an earlier, unrelated error: the check below is this launch's
-  kernel<<<grid_blocks(items, kThreads, blocks_per_sm_cached), kThreads, 0, stream>>>(args...);
-  check(cudaGetLastError(), what);
+  launch_kernel(kernel, dim3(grid_blocks(items, kThreads, blocks_per_sm_cached)), dim3(kThreads), 0, stream, what,
+                args...);
 }
 
 #define CHORUS_LAUNCH(kernel, items, what, ...)              \
@@ -869,9 +868,7 @@ void launch_rotation(Kernel kernel, size_t records, uint32_t rec, cudaStream_t s
   const uint32_t threads = rec / 2 < 32 ? 32 : (rec / 2 > kRotationThreads ? kRotationThreads : rec / 2);
   const size_t cap = static_cast<size_t>(2048 / threads) * static_cast<size_t>(sm_count());
   const auto blocks = static_cast<unsigned>(records < cap ? records : cap);
-  cudaGetLastError();  // clear an earlier, unrelated error: the check below is this launch's
-  kernel<<<blocks, threads, rec * sizeof(float), stream>>>(args...);
-  check(cudaGetLastError(), what);
+  launch_kernel(kernel, dim3(blocks), dim3(threads), rec * sizeof(float), stream, what, args...);
 }
 
 float rotation_norm(uint32_t rec) { return 1.0f / std::sqrt(static_cast<float>(rec)); }

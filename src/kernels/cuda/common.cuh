@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
+#include <utility>
 
 namespace chorus::kernels::cuda {
 
@@ -52,6 +54,22 @@ namespace chorus::kernels::cuda {
 
 // Resident blocks of `threads` threads per SM for `kernel` (at least 1). Callers cache it per kernel in a static:
 // the library is built for one architecture, so the answer does not change between devices that can run it.
+// Launches `kernel` with `args` (converted to its parameter types) and throws as check() does if the launch fails.
+// cudaLaunchKernel returns this launch's own status: cudaGetLastError after <<<>>> would also return an earlier,
+// unrelated error of the thread, and clearing it first would swallow the application's.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                   const char* what, Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: one argument per kernel parameter");
+  std::tuple<Params...> values(std::forward<Args>(args)...);
+  std::apply(
+      [&](auto&... v) {
+        void* ptrs[] = {const_cast<void*>(static_cast<const void*>(&v))...};
+        check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, ptrs, shared_bytes, stream), what);
+      },
+      values);
+}
+
 template <typename Kernel>
 int blocks_per_sm(Kernel kernel, unsigned threads) {
   int blocks = 0;

@@ -332,10 +332,9 @@ void launch_reduce(void* dst, const void* a, const void* b, size_t n, const Para
   static const int kBlocksPerSm = blocks_per_sm(kernel, kThreads);
   const Split sp = split(n, sizeof(S), {dst, a, b});
   const size_t items = sp.head + sp.nvec + (n - sp.head - sp.nvec * (16 / sizeof(S)));
-  cudaGetLastError();  // clear an earlier, unrelated error: the check below is this launch's
-  kernel<<<grid_blocks(items, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(
-      static_cast<S*>(dst), static_cast<const S*>(a), static_cast<const S*>(b), n, sp.head, sp.nvec, p);
-  check(cudaGetLastError(), "reduce kernel launch");
+  launch_kernel(kernel, dim3(grid_blocks(items, kThreads, kBlocksPerSm)), dim3(kThreads), 0, stream,
+                "reduce kernel launch", static_cast<S*>(dst), static_cast<const S*>(a), static_cast<const S*>(b), n,
+                sp.head, sp.nvec, p);
 }
 
 template <class F, bool kPremul, bool kDiv>
@@ -345,10 +344,8 @@ void launch_copy(void* dst, const void* src, size_t n, const Params<F>& p, cudaS
   static const int kBlocksPerSm = blocks_per_sm(kernel, kThreads);
   const Split sp = split(n, sizeof(S), {dst, src});
   const size_t items = sp.head + sp.nvec + (n - sp.head - sp.nvec * (16 / sizeof(S)));
-  cudaGetLastError();  // clear an earlier, unrelated error: the check below is this launch's
-  kernel<<<grid_blocks(items, kThreads, kBlocksPerSm), kThreads, 0, stream>>>(
-      static_cast<S*>(dst), static_cast<const S*>(src), n, sp.head, sp.nvec, p);
-  check(cudaGetLastError(), "copy kernel launch");
+  launch_kernel(kernel, dim3(grid_blocks(items, kThreads, kBlocksPerSm)), dim3(kThreads), 0, stream,
+                "copy kernel launch", static_cast<S*>(dst), static_cast<const S*>(src), n, sp.head, sp.nvec, p);
 }
 
 // Loads one kernel into the current context (lazy loading would load it at its first launch).
