@@ -81,7 +81,10 @@ std::string describe_header(const WireHeader& h) {
     static const char* const kCodecs[] = {"int8", "fp8_e4m3", "int4", "sign1", "sign_vote"};
     const uint32_t f = static_cast<uint32_t>(h.root), b32 = (f >> 6) & 2047u;
     s += cat(", codec=", kCodecs[(f & 15) - 1], " block=", b32 == 2047 ? std::string(">65504") : cat(b32 * 32),
-             (f & 16) ? " stochastic" : "", (f & 32) ? " rotation" : "", " seed/step#", f >> 17);
+             (f & 16) ? " stochastic" : "", (f & 32) ? " rotation" : "",
+             // The hash covers the block too: shown only where a seed and step are used (it then tells them apart
+             // when the blocks printed are equal).
+             (f & 48) ? cat(" seed/step#", f >> 17) : std::string());
   }
   const algo::AlgorithmInfo* info = algo::algorithm_by_id(h.algo);
   s += cat(", algorithm=", info ? info->name : "?", info && info->id >= algo::kCompressedIdBase ? " (compressed)" : "");
