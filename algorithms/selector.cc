@@ -143,7 +143,7 @@ AlgoOverrides parse_algo_overrides(const std::string& spec) {
     }
     const std::string rules = entry.substr(colon + 1);
     for (const std::string& rule : split(rules, ',')) {
-      const std::string part = cat(cname, ":", rule);
+      const std::string part = cat(entry.substr(0, colon), ":", rule);  // as written, for errors
       if (rule.empty()) bad_spec(cat("empty rule in '", entry, "'"));
       // "allreduce:ring,allgather:0-1M:bruck": a second collective after a ',' instead of a ';'.
       if (const size_t first = rule.find(':'); first != std::string::npos)
@@ -152,9 +152,10 @@ AlgoOverrides parse_algo_overrides(const std::string& spec) {
             bad_spec(cat("'", trim(rule), "' in '", entry, "' is a rule for another collective: separate ",
                          "collectives with ';' (e.g. allreduce:ring;allgather:bruck), ranges of one with ','"));
       AlgoRule r;
-      r.text = part;
+      r.text = cat(cname, ":", rule);
       const size_t rc = rule.rfind(':');
-      r.algorithm = trim(rc == std::string::npos ? rule : rule.substr(rc + 1));
+      // Names match without regard to case, as collectives' do.
+      r.algorithm = lower(trim(rc == std::string::npos ? rule : rule.substr(rc + 1)));
       if (rc != std::string::npos) {
         const std::string range = trim(rule.substr(0, rc));
         const size_t dash = range.find('-');

@@ -108,6 +108,12 @@ TEST(AlgoOverrides, BadSpecsNameTheVariableAndThePart) {
   // A name that exists for another collective only.
   e = invalid_text([] { parse_algo_overrides("allgather:pairwise"); });
   EXPECT_TRUE(has(e, "unknown algorithm 'pairwise' for allgather")) << e;
+  // Names match without regard to case, and errors quote the rule as it was written.
+  const AlgoOverrides upper = parse_algo_overrides("AllReduce:0-1K:RING");
+  ASSERT_NE(upper.find(Coll::AllReduce, 100), nullptr);
+  EXPECT_EQ(upper.find(Coll::AllReduce, 100)->algorithm, "ring");
+  e = invalid_text([] { parse_algo_overrides("AllReduce:RINGX"); });
+  EXPECT_TRUE(has(e, "unknown algorithm 'ringx' for allreduce in 'AllReduce:RINGX'")) << e;
 }
 
 TEST(SelectionBytes, AreNcclTestsBytes) {
