@@ -256,9 +256,9 @@ typedef struct {
 typedef struct {
   size_t size;
   /* Algorithm for this call, by name as `chorus-info` lists them for the collective ("ring", "tree", "rhd", "bruck",
-   * "pat", "hier", "oneshot", "pairwise"; gather and scatter: "linear", "binomial"), or NULL (or "") to let the selector choose (CHORUS_ALGO, then the cost
-   * model).
-   * Every rank must pass the same name. An unknown name is chorusInvalidArgument listing the known ones. */
+   * "pat", "hier", "oneshot", "pairwise"; gather and scatter: "linear", "binomial"), or NULL (or "") to let the
+   * selector choose (CHORUS_ALGO, then the cost model). Every rank must pass the same name. An unknown name is
+   * chorusInvalidArgument listing the known ones. */
   const char* algorithm;
   /* Compression of this call (all-reduce, reduce-scatter, all-gather), or NULL. With compression, `algorithm`
    * names a compressed schedule ("qonce", "qonce-flat", "ring", "hier") or is NULL for the default. Every rank must
