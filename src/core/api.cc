@@ -52,11 +52,6 @@ namespace {
 // a newer request happens to get its address, as with any handle passed by value).
 std::mutex g_requests_mu;
 std::unordered_set<const chorusRequest*> g_requests;
-
-struct LiveRequest {
-  std::shared_ptr<chorus::RequestState> state;
-  chorusComm* comm = nullptr;
-};
 }  // namespace
 
 namespace chorus {
@@ -101,13 +96,13 @@ chorusResult_t guarded(chorusComm* comm, F&& f) {
   }
 }
 
-// The request behind a handle, if it is live (empty state otherwise, and for NULL): copied, so a chorusRequestFree
-// from another thread cannot free what this call uses.
-LiveRequest live_request(const chorusRequest* request) {
+// A copy of the request behind a handle if it is live (an empty one otherwise, and for NULL), so that a
+// chorusRequestFree from another thread cannot free what this call uses.
+chorusRequest live_request(const chorusRequest* request) {
   if (request == nullptr) return {};
   std::lock_guard<std::mutex> lock(g_requests_mu);
   if (g_requests.count(request) == 0) return {};
-  return {request->state, request->comm};
+  return *request;
 }
 
 Error not_a_live_request() {
@@ -980,7 +975,7 @@ chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, 
 }
 
 chorusResult_t chorusTest(chorusRequest_t request, int* done) {
-  const LiveRequest r = live_request(request);
+  const chorusRequest r = live_request(request);
   return guarded(r.comm, [&] {
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
     if (done == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "done is NULL");
@@ -992,7 +987,7 @@ chorusResult_t chorusTest(chorusRequest_t request, int* done) {
 }
 
 chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms) {
-  const LiveRequest r = live_request(request);
+  const chorusRequest r = live_request(request);
   return guarded(r.comm, [&] {
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
     if (!r.state) throw not_a_live_request();

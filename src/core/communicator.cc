@@ -244,14 +244,11 @@ CommImpl::~CommImpl() {
     lifeline_->comm = nullptr;
   }
   {
-    // No post can come now: a place still waiting for one (an abort let the destroy through, and the place was
-    // reserved after it) fails here, so the worker completes it and releases its stream instead of waiting for ever.
+    // No post can come now: a place still waiting for one fails, so the worker completes it (and releases its
+    // stream) instead of waiting for ever. (chorusCommDestroy drains first, and abort() failed the places of its
+    // time, reserve() those after it: this only guards other ends.)
     std::unique_lock<std::mutex> lock(q_mu_);
-    for (Work& w : queue_)
-      if (!w.ready) {
-        w.ready = true;
-        w.aborted = true;
-      }
+    fail_unposted_places();
     stop_ = true;
     q_cv_.notify_all();
   }
@@ -606,12 +603,7 @@ void CommImpl::abort() {
     // Places reserved for stream-ordered calls that were never posted fail now (their streams are released), so
     // that nothing waits for a stream that may never get there: a call of another thread queued behind one, first.
     std::lock_guard<std::mutex> lock(q_mu_);
-    for (Work& w : queue_)
-      if (!w.ready) {
-        w.ready = true;
-        w.aborted = true;
-      }
-    q_cv_.notify_all();
+    fail_unposted_places();
   }
   // A call inside the communicator (another thread) sees the flag within a millisecond or so; wait for it to leave
   // so the caller may free the communicator.
@@ -1383,6 +1375,15 @@ std::shared_ptr<RequestState> CommImpl::reserve(std::function<void(chorusResult_
   queue_.push_back(Work{CollArgs{}, req, dead, dead, std::move(on_done)});
   if (dead) q_cv_.notify_all();
   return req;
+}
+
+void CommImpl::fail_unposted_places() {
+  for (Work& w : queue_)
+    if (!w.ready) {
+      w.ready = true;
+      w.aborted = true;
+    }
+  q_cv_.notify_all();
 }
 
 bool CommImpl::post(const std::shared_ptr<RequestState>& place, CollArgs a) {

@@ -213,6 +213,8 @@ class CommImpl {
   // The same without "rank R: peer failure: ": the failed rank and what happened.
   std::string peer_failure_what() const;
   void worker_loop();
+  // Every place still waiting for its post fails (the worker completes it: its on_done runs). Hold q_mu_.
+  void fail_unposted_places();
 
   int rank_ = 0, nranks_ = 0;
   uint64_t comm_id_ = 0;
