@@ -52,8 +52,6 @@ __device__ __forceinline__ uint64_t div_u64(uint64_t a, uint32_t b) {
 
 namespace chorus::kernels::cuda {
 
-// Resident blocks of `threads` threads per SM for `kernel` (at least 1). Callers cache it per kernel in a static:
-// the library is built for one architecture, so the answer does not change between devices that can run it.
 // Launches `kernel` with `args` (converted to its parameter types) and throws as check() does if the launch fails.
 // cudaLaunchKernel returns this launch's own status: cudaGetLastError after <<<>>> would also return an earlier,
 // unrelated error of the thread, and clearing it first would swallow the application's.
@@ -70,6 +68,8 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
       values);
 }
 
+// Resident blocks of `threads` threads per SM for `kernel` (at least 1). Callers cache it per kernel in a static:
+// the library is built for one architecture, so the answer does not change between devices that can run it.
 template <typename Kernel>
 int blocks_per_sm(Kernel kernel, unsigned threads) {
   int blocks = 0;

@@ -18,11 +18,8 @@ __global__ void wait_host_flag_kernel(const uint32_t* flag, uint32_t value) {
 }  // namespace
 
 void wait_host_flag(const uint32_t* flag_dev, uint32_t value, cudaStream_t stream) {
-  // cudaLaunchKernel reports this launch's own status (cudaGetLastError after <<<>>> would also return an earlier,
-  // unrelated error of the thread).
-  void* args[] = {&flag_dev, &value};
-  check(cudaLaunchKernel(reinterpret_cast<const void*>(wait_host_flag_kernel), dim3(1), dim3(1), args, 0, stream),
-        "wait_host_flag: cudaLaunchKernel");
+  launch_kernel(wait_host_flag_kernel, dim3(1), dim3(1), 0, stream, "wait_host_flag: cudaLaunchKernel", flag_dev,
+                value);
 }
 
 void load_wait_host_flag_kernel() {
