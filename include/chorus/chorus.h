@@ -48,7 +48,7 @@ typedef enum {
   chorusInvalidUsage = 5, /* e.g. a communicator used after destroy, or by two threads at once */
   chorusRemoteError = 6,  /* a peer failed, died, or called a mismatched collective */
   chorusInProgress = 7,   /* a non-blocking operation has not completed yet */
-  chorusTimeout = 8,      /* a wait passed its deadline (CHORUS_TIMEOUT_MS or the caller's) */
+  chorusTimeout = 8,      /* an operation passed its deadline (CHORUS_TIMEOUT_MS) */
   chorusNotSupported = 9,
   chorusNumResults = 10
 } chorusResult_t;
@@ -374,6 +374,7 @@ chorusResult_t chorusTest(chorusRequest_t request, int* done);
  * reach it). Returns the operation's result (chorusTimeout if the operation itself timed out: it is done), or
  * chorusInProgress if it is still running when timeout_ms has passed (the request stays valid). */
 chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms);
+/* (chorusInProgress, like chorusTest's *done = 0, is not an error: chorusGetLastError keeps its text.) */
 /* Frees a request; a request still running is waited for first. NULL: nothing. A request already freed, here or
  * in chorusTest/chorusWait, is chorusInvalidUsage (unless a newer request was given the same handle). */
 chorusResult_t chorusRequestFree(chorusRequest_t request);

@@ -142,11 +142,12 @@ class Request {
     check(chorusTest(r_, &done));
     return done != 0;
   }
-  // Waits up to timeout_ms milliseconds (negative: until the operation ends, see chorusWait). True once complete;
-  // false if it is still running when timeout_ms passed; throws CommError if the operation failed (its own
-  // timeout included).
-  bool wait(int64_t timeout_ms = -1) {
-    const chorusResult_t r = chorusWait(r_, timeout_ms);
+  // Waits until the operation ends (bounded by its own deadline, see chorusWait); throws CommError if it failed.
+  void wait() { check(chorusWait(r_, -1)); }
+  // Waits up to timeout_ms milliseconds (>= 0): true once complete, false if it is still running (the buffers are
+  // not ready); throws CommError if the operation failed (its own timeout included).
+  [[nodiscard]] bool wait_for(int64_t timeout_ms) {
+    const chorusResult_t r = chorusWait(r_, timeout_ms < 0 ? 0 : timeout_ms);
     if (r == chorusInProgress) return false;
     check(r);
     return true;

@@ -988,7 +988,8 @@ chorusResult_t chorusTest(chorusRequest_t request, int* done) {
 
 chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms) {
   const chorusRequest r = live_request(request);
-  return guarded(r.comm, [&] {
+  bool running = false;  // still running when timeout_ms passed: not an error (chorusGetLastError keeps its text)
+  const chorusResult_t result = guarded(r.comm, [&] {
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
     if (!r.state) throw not_a_live_request();
     RequestState& st = *r.state;
@@ -1001,11 +1002,14 @@ chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms) {
     } else {
       // At most a year: wait_for would overflow on INT64_MAX.
       const int64_t ms = std::min<int64_t>(timeout_ms, int64_t{1} << 35);
-      if (!st.cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return st.done; }))
-        throw Error(chorusInProgress, Subsys::Core, cat("chorusWait: operation still running after ", ms, " ms"));
+      if (!st.cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return st.done; })) {
+        running = true;
+        return;
+      }
     }
     if (st.result != chorusSuccess) throw Error(st.result, Subsys::Core, st.error);
   });
+  return running ? chorusInProgress : result;
 }
 
 chorusResult_t chorusRequestFree(chorusRequest_t request) {

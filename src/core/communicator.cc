@@ -369,16 +369,24 @@ void CommImpl::validate(CollArgs& a) const {
           a.sdispls.size() != static_cast<size_t>(n) || a.rdispls.size() != static_cast<size_t>(n))
         bad_arg("sendcounts, sdispls, recvcounts and rdispls must be non-NULL arrays of nranks entries");
       bool any_send = false, any_recv = false;
+      // Element counts whose bytes fit in int64_t; names are built only for an entry that fails (this runs on every
+      // call, for every rank).
+      const size_t max_elems = static_cast<size_t>(std::numeric_limits<int64_t>::max()) / dtype_size(a.dtype);
       for (int i = 0; i < n; ++i) {
-        checked_bytes(a.sendcounts[i], 1, a.dtype, cat("sendcounts[", i, "]").c_str());
-        checked_bytes(a.recvcounts[i], 1, a.dtype, cat("recvcounts[", i, "]").c_str());
         size_t send_end = 0, recv_end = 0;
-        if (__builtin_add_overflow(a.sdispls[i], a.sendcounts[i], &send_end))
-          bad_arg(cat("sdispls[", i, "] + sendcounts[", i, "] overflows"));
-        if (__builtin_add_overflow(a.rdispls[i], a.recvcounts[i], &recv_end))
-          bad_arg(cat("rdispls[", i, "] + recvcounts[", i, "] overflows"));
-        checked_bytes(send_end, 1, a.dtype, cat("sdispls[", i, "] + sendcounts[", i, "]").c_str());
-        checked_bytes(recv_end, 1, a.dtype, cat("rdispls[", i, "] + recvcounts[", i, "]").c_str());
+        const bool fits = !__builtin_add_overflow(a.sdispls[i], a.sendcounts[i], &send_end) &&
+                          !__builtin_add_overflow(a.rdispls[i], a.recvcounts[i], &recv_end) && send_end <= max_elems &&
+                          recv_end <= max_elems;
+        if (!fits) {  // says which bound it broke
+          checked_bytes(a.sendcounts[i], 1, a.dtype, cat("sendcounts[", i, "]").c_str());
+          checked_bytes(a.recvcounts[i], 1, a.dtype, cat("recvcounts[", i, "]").c_str());
+          if (__builtin_add_overflow(a.sdispls[i], a.sendcounts[i], &send_end))
+            bad_arg(cat("sdispls[", i, "] + sendcounts[", i, "] overflows"));
+          if (__builtin_add_overflow(a.rdispls[i], a.recvcounts[i], &recv_end))
+            bad_arg(cat("rdispls[", i, "] + recvcounts[", i, "] overflows"));
+          checked_bytes(send_end, 1, a.dtype, cat("sdispls[", i, "] + sendcounts[", i, "]").c_str());
+          checked_bytes(recv_end, 1, a.dtype, cat("rdispls[", i, "] + recvcounts[", i, "]").c_str());
+        }
         any_send |= a.sendcounts[i] > 0;
         any_recv |= a.recvcounts[i] > 0;
       }
@@ -392,8 +400,11 @@ void CommImpl::validate(CollArgs& a) const {
         std::vector<int> order;
         for (int i = 0; i < n; ++i)
           if (a.recvcounts[i] > 0) order.push_back(i);
-        std::sort(order.begin(), order.end(),
-                  [&](int x, int y) { return a.rdispls[x] != a.rdispls[y] ? a.rdispls[x] < a.rdispls[y] : x < y; });
+        const auto before = [&](int x, int y) {
+          return a.rdispls[x] != a.rdispls[y] ? a.rdispls[x] < a.rdispls[y] : x < y;
+        };
+        if (!std::is_sorted(order.begin(), order.end(), before))  // the usual layout is in rank order
+          std::sort(order.begin(), order.end(), before);
         for (size_t k = 1; k < order.size(); ++k) {
           const int i = order[k - 1], j = order[k];
           if (a.rdispls[i] + a.recvcounts[i] > a.rdispls[j])
@@ -1400,12 +1411,24 @@ bool CommImpl::post(const std::shared_ptr<RequestState>& place, CollArgs a) {
   return false;
 }
 
-void CommImpl::cancel(const std::shared_ptr<RequestState>& place) {
+bool CommImpl::cancel(const std::shared_ptr<RequestState>& place) {
   std::unique_lock<std::mutex> lock(q_mu_);
   for (auto it = queue_.begin(); it != queue_.end(); ++it)
     if (it->req == place && !it->ready) {
       queue_.erase(it);
       pending_.fetch_sub(1, std::memory_order_acq_rel);
+      q_cv_.notify_all();
+      return true;
+    }
+  return false;
+}
+
+void CommImpl::fail_place(const std::shared_ptr<RequestState>& place) noexcept {
+  std::unique_lock<std::mutex> lock(q_mu_);
+  for (Work& w : queue_)
+    if (w.req == place && !w.ready) {
+      w.ready = true;
+      w.aborted = true;
       q_cv_.notify_all();
       return;
     }

@@ -122,8 +122,11 @@ class CommImpl {
   // does nothing, for a place an abort already failed.
   std::shared_ptr<RequestState> reserve(std::function<void(chorusResult_t)> on_done);
   bool post(const std::shared_ptr<RequestState>& place, CollArgs a);
-  // Gives up a reserved place that will never be posted (its on_done does not run).
-  void cancel(const std::shared_ptr<RequestState>& place);
+  // Fails a reserved place that will not be posted after all (its on_done runs, with an error). Never throws.
+  void fail_place(const std::shared_ptr<RequestState>& place) noexcept;
+  // Gives up a reserved place that will never be posted: true if it was withdrawn (its on_done will not run);
+  // false if an abort had already failed it (its on_done runs, or ran).
+  bool cancel(const std::shared_ptr<RequestState>& place);
 
   // Bytes this rank reads from the send buffer and writes to the receive buffer in a validated call (0 for a buffer
   // the rank does not use; point-to-point and barrier: 0, 0).

@@ -146,13 +146,15 @@ void CUDART_CB post_call(void* p) {
   auto zero_result = [op] {
     if (op->recv != nullptr) std::memset(op->recv, 0, op->recv_bytes);
   };
-  bool placed = false;  // a place of this call is in the communicator's order: its on_done releases the stream
+  std::shared_ptr<RequestState> place = op->place;  // once set, its on_done releases the stream
+  CommImpl* comm = nullptr;
+  std::unique_lock<std::mutex> lock(op->lifeline->mu, std::defer_lock);
   try {
-    std::lock_guard<std::mutex> lock(op->lifeline->mu);
-    CommImpl* comm = op->lifeline->comm;
-    if (op->place) {
-      placed = true;
-      if (comm == nullptr || !comm->post(op->place, op->args)) zero_result();  // failed by an abort or the end
+    lock.lock();
+    comm = op->lifeline->comm;
+    if (place) {
+      // Issued once: its arguments are not needed after this.
+      if (comm == nullptr || !comm->post(place, std::move(op->args))) zero_result();  // failed by an abort or the end
       return;
     }
     if (comm == nullptr) {  // a graph replayed after the communicator's end
@@ -162,12 +164,14 @@ void CUDART_CB post_call(void* p) {
     }
     uint32_t* flag = op->staging->flag;
     __atomic_store_n(flag, 0u, __ATOMIC_RELEASE);
-    auto place = comm->reserve(completion(flag, op->recv, op->recv_bytes));
-    placed = true;
-    comm->post(place, op->args);
+    place = comm->reserve(completion(flag, op->recv, op->recv_bytes));
+    comm->post(place, op->args);  // copied: the graph replays it
   } catch (...) {
     zero_result();
-    if (!placed) set_flag(op->staging->flag);
+    if (!place)
+      set_flag(op->staging->flag);
+    else if (comm != nullptr && lock.owns_lock())
+      comm->fail_place(place);  // in the order but not posted (out of memory): the worker fails it, and releases
   }
 }
 
@@ -482,9 +486,10 @@ Pending begin(CommImpl& comm, CollArgs a, StagingPlan plan, cudaStream_t stream,
     check(cudaLaunchHostFunc(stream, post_call, &op), "cudaLaunchHostFunc (post)");
   } catch (const Error&) {
     // Nothing will fill the reserved place: give it up, and the call did not happen. A staging that a copy may
-    // still be writing into is not given back (leaked, on this error path only).
-    if (op.place) comm.cancel(op.place);
-    if (!copying) pool().give(op.staging);
+    // still be writing into, or whose place an abort already failed (its on_done will still write the flag), is not
+    // given back (leaked, on these error paths only).
+    const bool withdrawn = !op.place || comm.cancel(op.place);
+    if (!copying && withdrawn) pool().give(op.staging);
     throw;
   }
   return p;

@@ -110,7 +110,7 @@ TEST(StreamOrder, ACancelledPlaceHoldsNothingBack) {
   on_two_ranks([](CommImpl& c, int r) {
     std::vector<float> x(64, 2.0f), y(64, 0.0f);
     auto place = c.reserve([](chorusResult_t) { ADD_FAILURE() << "a cancelled place ran"; });
-    c.cancel(place);
+    EXPECT_TRUE(c.cancel(place));
     CollArgs a = all_reduce(x.data(), y.data(), x.size());
     c.validate(a);
     c.run_blocking(a);
@@ -137,6 +137,7 @@ TEST(StreamOrder, EveryPlaceIsCompletedOnceByAPostAnAbortOrTheEnd) {
     c->abort();
     wait_for(p1_calls, 1);
     EXPECT_FALSE(c->post(p1, all_reduce(x.data(), y.data(), x.size())));
+    EXPECT_FALSE(c->cancel(p1));  // already failed: its on_done ran, so it cannot be withdrawn
     auto p2 = c->reserve([&](chorusResult_t res) {
       p2_result = res;
       ++p2_calls;

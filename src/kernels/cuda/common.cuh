@@ -53,8 +53,9 @@ __device__ __forceinline__ uint64_t div_u64(uint64_t a, uint32_t b) {
 namespace chorus::kernels::cuda {
 
 // Launches `kernel` with `args` (converted to its parameter types) and throws as check() does if the launch fails.
-// cudaLaunchKernel returns this launch's own status: cudaGetLastError after <<<>>> would also return an earlier,
-// unrelated error of the thread, and clearing it first would swallow the application's.
+// cudaLaunchKernel's status is the launch's (or a sticky error of the context, or an earlier asynchronous launch's);
+// cudaGetLastError after <<<>>> would also return an earlier, non-sticky error of the thread, the application's
+// included, and clearing it first would swallow that.
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
                    const char* what, Args&&... args) {
