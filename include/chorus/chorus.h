@@ -372,9 +372,9 @@ chorusResult_t chorusTest(chorusRequest_t request, int* done);
  * at the operation's own deadline, CHORUS_TIMEOUT_MS, with an error naming the ranks that did not take part; an
  * operation queued behind a stream-ordered call of the same communicator also waits for that call's stream to
  * reach it). Returns the operation's result (chorusTimeout if the operation itself timed out: it is done), or
- * chorusInProgress if it is still running when timeout_ms has passed (the request stays valid). */
+ * chorusInProgress if it is still running when timeout_ms has passed (the request stays valid; like chorusTest's
+ * *done = 0 this is not an error, and chorusGetLastError keeps its text). */
 chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms);
-/* (chorusInProgress, like chorusTest's *done = 0, is not an error: chorusGetLastError keeps its text.) */
 /* Frees a request; a request still running is waited for first. NULL: nothing. A request already freed, here or
  * in chorusTest/chorusWait, is chorusInvalidUsage (unless a newer request was given the same handle). */
 chorusResult_t chorusRequestFree(chorusRequest_t request);
