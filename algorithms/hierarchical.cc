@@ -16,15 +16,15 @@
 //    moves N (H - 1 + N (m - 1) / m) messages, like a flat ring's N (N - 1), and each byte crosses the network
 //    once per host, as a flat ring's does.
 //  - all-to-all (two-level): a block for another host goes first to the member whose local index matches the
-//    destination's (mod the host size), which forwards it across hosts. Each level sends one message per pair:
-//    inside the host, a rank sends each member that member's own block and the blocks it relays (packed); across
-//    hosts, a relay sends each rank it serves the blocks of all its host's members. So a rank sends m - 1 messages
-//    in its host and about H - 1 across hosts, where pairwise sends N - 1, at the price of copies in and out of
-//    scratch (one lane, whole blocks as chunks, as the Bruck all-to-all). Scratch, in blocks: T, the blocks a rank
-//    relays (about N - m), then level 1's pack and receive runs (about N - N/m each); level 2's staging, needed
-//    only for a host whose members are not consecutive ranks, reuses the level-1 runs. So 2-3 times the input
-//    (2.6x at 64 ranks on 8 hosts, 2.8x at 256): an algorithm for small blocks, where messages cost more than
-//    copies.
+//    destination's (mod the host size), which forwards it across hosts. Each level sends one message per pair: inside
+//    the host, a rank sends each member that member's own block and the blocks it relays (packed); across hosts, a
+//    relay sends each rank it serves the blocks of all its host's members. So a rank sends m - 1 messages in its host
+//    and about H - 1 across hosts, where pairwise sends N - 1, at the price of copies in and out of scratch (one lane,
+//    whole blocks as chunks, as the Bruck all-to-all). A level's sends run ahead of its receives (send_ahead). Scratch,
+//    in blocks: T, the blocks a rank relays (about N - m), then level 1's pack and receive runs (about N - N/m each);
+//    level 2's staging, needed only for a host whose members are not consecutive ranks, reuses the level-1 runs. So 2-3
+//    times the input (2.6x at 64 ranks on 8 hosts, 2.8x at 256): an algorithm for small blocks, where messages cost
+//    more than copies.
 // Steps are scheduled with Builder keys: (phase, round, sub-chunk, ., hop), so every pair of ranks orders the
 // messages between them the same way and each rank handles one chain per hop of a round, as in a flat ring. The
 // all-reduce moves a part's H sub-parts inside a host as one run of chunks, so its phases are fenced (Step::fence).
@@ -261,6 +261,34 @@ Program hier_reduce_scatter_impl(const ProgramParams& prm, bool runs_between_hos
 Program hier_reduce_scatter(const ProgramParams& prm) { return hier_reduce_scatter_impl(prm, true); }
 Program hier_reduce_scatter_single_chunks(const ProgramParams& prm) { return hier_reduce_scatter_impl(prm, false); }
 
+namespace {
+
+// How many rounds of a level's sends go ahead of its receives. A receive that waited right after its round's send
+// would hold the next send back until its message had crossed the link, so a level of R rounds would cost R
+// latencies (the simulator: 2.3 ms for an empty all-to-all over 64 hosts x 8 ranks, 0.4 ms with 8 ahead). Sending
+// every round before any receive costs one latency but lets every peer's message reach a receiver at once (incast:
+// on emulated hosts with 1 Gbit/s links, 4 x 2 ranks, 1 MiB all-to-alls ran 13-34% slower than in lockstep, 2x in
+// place at 256 KiB; docs/perf/alltoall-window-2026-12-02.md). Eight ahead hides a latency of up to about 16
+// per-message overheads o, and a receiver that keeps pace has at most 9 senders at once. MPICH bounds its
+// medium-size all-to-all the same way (MPIR_CVAR_ALLTOALL_THROTTLE: 32 sends and receives posted at a time); NCCL
+// posts every peer's send and receive of an all-to-all at once.
+constexpr int kRoundsAhead = 8;
+
+// A level's steps: the sends of round d, then the receives of round d - kRoundsAhead, for every d; then the last
+// receives.
+std::vector<Step> send_ahead(const std::vector<std::vector<Step>>& sends, const std::vector<std::vector<Step>>& recvs) {
+  std::vector<Step> steps;
+  const int rounds = static_cast<int>(sends.size());
+  for (int d = 0; d < rounds + kRoundsAhead; ++d) {
+    if (d < rounds) steps.insert(steps.end(), sends[d].begin(), sends[d].end());
+    const int r = d - kRoundsAhead;
+    if (r >= 0 && r < rounds) steps.insert(steps.end(), recvs[r].begin(), recvs[r].end());
+  }
+  return steps;
+}
+
+}  // namespace
+
 Program hier_alltoall(const ProgramParams& prm) {
   Program prog = new_program(Coll::AllToAll, "hier", prm);
   const Hosts hs = hosts_of(prm);
@@ -290,7 +318,11 @@ Program hier_alltoall(const ProgramParams& prm) {
     // The block that the member of local index j of this host sends for served rank i: slot i * m + j of T.
     const int t0 = m > 1 ? reserve(nd * m) : 0;
     const int t_end = top;  // level 2's staging starts here (below)
-    std::vector<Step> pack, level1, unpack1, level2, unpack2;
+    // A level sends one message per pair of ranks, so running its sends ahead of its receives (send_ahead) changes
+    // no FIFO matching; every step waits only on steps of earlier rounds (or earlier slices), so any slice count
+    // and FIFO depth progress (the verifier proves it at capacity 2).
+    std::vector<Step> pack, unpack1, unpack2;
+    std::vector<std::vector<Step>> send1(m), recv1(m), send2(H), recv2(H);  // by round (t, or host distance)
     pack.push_back(copy(in(r), out(r), false));
     for (int i = 0; i < nd && m > 1; ++i) pack.push_back(copy(in(mine[i]), scr(t0 + i * m + k), false));
     // Level 1, inside the host: to the member t places on, that member's own block and those it relays; from the
@@ -305,8 +337,8 @@ Program hier_alltoall(const ProgramParams& prm) {
       const int nsrc = 1 + static_cast<int>(served[h][hs.local[y]].size());
       const ChunkRef src = packed_run(sources, sources.size() == 1 ? 0 : reserve(nsrc), false, pack);
       const ChunkRef dst = packed_run(dests, dests.size() == 1 ? 0 : reserve(1 + nd), true, unpack1);
-      level1.push_back(send(y, src));
-      level1.push_back(recv(x, dst));
+      send1[t].push_back(send(y, src));
+      recv1[t].push_back(recv(x, dst));
     }
     // Level 2, across hosts: to each served rank, the blocks of every member of this host (in local order); from
     // the relay of each other host, the blocks of its members. Its staging reuses the level-1 runs after T: phases
@@ -316,16 +348,17 @@ Program hier_alltoall(const ProgramParams& prm) {
     for (int dist = 1; dist < H; ++dist) {
       const int hd = (h + dist) % H, hf = (h - dist + H) % H;
       for (int i = 0; i < nd; ++i)
-        if (hs.host[mine[i]] == hd) level2.push_back(send(mine[i], m > 1 ? scr(t0 + i * m, m) : in(mine[i])));
+        if (hs.host[mine[i]] == hd) send2[dist].push_back(send(mine[i], m > 1 ? scr(t0 + i * m, m) : in(mine[i])));
       const int relay = hs.members[hf][k % hs.m(hf)], mf = hs.m(hf);
       if (consecutive(hf)) {
-        level2.push_back(recv(relay, out(hs.members[hf].front(), mf)));
+        recv2[dist].push_back(recv(relay, out(hs.members[hf].front(), mf)));
       } else {
         std::vector<ChunkRef> dests;
         for (int x : hs.members[hf]) add_run(dests, out(x));
-        level2.push_back(recv(relay, packed_run(dests, reserve(mf), true, unpack2)));
+        recv2[dist].push_back(recv(relay, packed_run(dests, reserve(mf), true, unpack2)));
       }
     }
+    std::vector<Step> level1 = send_ahead(send1, recv1), level2 = send_ahead(send2, recv2);
     for (const std::vector<Step>* phase : {&pack, &level1, &unpack1, &level2, &unpack2})
       append_phase(lane.steps, *phase);
     top = std::max(top, level1_end);

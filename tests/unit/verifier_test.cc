@@ -416,6 +416,31 @@ TEST(Verifier, PackedAllToAllsSendOneMessagePerPairAndLevel) {
   EXPECT_EQ(verify(pairwise_alltoall({16, 0, 1})).messages, 16 * 15);
 }
 
+// The two-level all-to-all's sends across hosts run 8 rounds ahead of its receives (hierarchical.cc,
+// kRoundsAhead): on 32 hosts x 2 ranks a rank sends to 9 hosts before it waits for one, then alternates, so the
+// level costs about 31 / 9 latencies, not 31. Proved deadlock-free at FIFO capacity 2, also on uneven hosts.
+TEST(Verifier, TwoLevelAllToAllSendsAheadOfItsReceives) {
+  const std::vector<int> hor = blocks_of(std::vector<int>(32, 2));
+  const Program p = hier_alltoall({64, 0, 1, hor});
+  for (int r = 0; r < 64; ++r) {
+    std::string order;  // 'S' or 'R' for every message between hosts, in lane order
+    for (const Step& s : p.ranks[r].lanes[0].steps) {
+      if (op_sends(s.op) && hor[s.send_peer] != hor[r]) order += 'S';
+      if (op_receives(s.op) && hor[s.recv_peer] != hor[r]) order += 'R';
+    }
+    std::string expected(9, 'S');
+    for (int i = 0; i < 31 - 9; ++i) expected += "RS";
+    expected += std::string(9, 'R');
+    ASSERT_EQ(order, expected) << "rank " << r;
+  }
+  for (const Program& q :
+       {p, hier_alltoall({40, 0, 1, blocks_of({1, 3, 2, 1, 3, 2, 1, 3, 2, 1, 3, 2, 1, 3, 2, 1, 3, 2, 1, 3})})})
+    for (bool in_place : {false, true}) {
+      const VerifyResult res = verify(q, {in_place, 2});
+      EXPECT_TRUE(res.ok) << (in_place ? "in place: " : "out of place: ") << res.error;
+    }
+}
+
 // Scratch, in blocks, of the packed all-to-alls (design.md lists every program's): Bruck 2N; two-level the relayed
 // blocks plus level 1's runs, whose space level 2's staging reuses, so ranks interleaved across hosts (staged at
 // level 2) need no more than consecutive ones. The verifier proves the reuse safe.
