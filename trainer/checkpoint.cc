@@ -120,13 +120,27 @@ std::string meta_text(const CheckpointMeta& m) {
     << "steps " << m.steps << "\n"
     << "rng " << m.rng.s[0] << " " << m.rng.s[1] << " " << m.rng.s[2] << " " << m.rng.s[3] << "\n"
     << "drawn " << m.drawn << "\n"
+    << "training " << m.training << "\n"
     << "history " << m.history.size() << "\n";
   char line[96];
   for (const HistoryRow& h : m.history) {
     std::snprintf(line, sizeof(line), "%d %.17g %.17g\n", h.step, h.loss, h.val);
     s << line;
   }
-  return s.str();
+  // Last, a checksum of everything above: a meta.txt cut short or edited is refused, not half read.
+  std::string text = s.str();
+  std::snprintf(line, sizeof(line), "end %016llx\n", static_cast<unsigned long long>(fnv1a(text.data(), text.size())));
+  return text + line;
+}
+
+// Removes a checkpoint directory so that no kill can leave it torn under its name: it is renamed (atomic, made
+// durable) to <dir>.del, which nothing reads and the next checkpoint removes, and only then deleted.
+void retire(const fs::path& dir) {
+  const fs::path gone = dir.string() + ".del";
+  fs::remove_all(gone);
+  fs::rename(dir, gone);
+  fsync_path(dir.parent_path().string());
+  fs::remove_all(gone);
 }
 
 // Every rank reports whether its part went well; returns how many failed.
@@ -178,7 +192,10 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
   // 1. Rank 0 makes a fresh temporary directory (a killed earlier attempt may have left one).
   if (rank == 0)
     attempt([&] {
-      fs::create_directories(root);
+      if (!fs::exists(root)) {
+        fs::create_directories(root);
+        fsync_path(fs::absolute(root).parent_path().string());  // the new directory's entry, durable too
+      }
       fs::remove_all(tmp);
       fs::create_directory(tmp);
     });
@@ -200,20 +217,29 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
       fs::rename(tmp, final_dir);
       fsync_path(root);
       fs::remove_all(old);
-      // Leftovers first: temporary directories of killed attempts, and .old copies whose checkpoint is there (else
-      // pruning that checkpoint below would bring its stale copy back).
+      // Leftovers first: temporary directories of killed attempts, directories a kill left half deleted (.del, or a
+      // step directory without meta.txt, which no complete checkpoint lacks), and .old copies whose checkpoint is
+      // there (else pruning that checkpoint below would bring its stale copy back).
+      static const std::regex kStep("step-[0-9]{8}");
       std::vector<fs::path> leftovers;
-      for (const auto& e : fs::directory_iterator(root))
-        if (e.path().extension() == ".tmp" ||
-            (e.path().extension() == ".old" && fs::exists(e.path().parent_path() / e.path().stem())))
-          leftovers.push_back(e.path());
+      for (const auto& e : fs::directory_iterator(root)) {
+        const fs::path& p = e.path();
+        const std::string ext = p.extension().string();
+        if (ext == ".tmp" || ext == ".del" || (ext == ".old" && fs::exists(p.parent_path() / p.stem())) ||
+            (std::regex_match(p.filename().string(), kStep) && !fs::exists(p / "meta.txt")))
+          leftovers.push_back(p);
+      }
       for (const fs::path& p : leftovers) fs::remove_all(p);
       // Keep the newest `keep`.
       std::vector<fs::path> all = complete_checkpoints(root);
-      for (size_t i = 0; i + std::max(keep, 1) < all.size(); ++i) fs::remove_all(all[i]);
+      for (size_t i = 0; i + std::max(keep, 1) < all.size(); ++i) retire(all[i]);
     });
   agree("publish the checkpoint");
   return final_dir;
+}
+
+void remove_checkpoint(const std::string& dir) {
+  if (fs::exists(dir)) retire(dir);
 }
 
 std::string latest_checkpoint(const std::string& root) {
@@ -229,48 +255,81 @@ std::vector<std::string> checkpoints_after(const std::string& root, int step) {
 }
 
 CheckpointMeta read_meta(const std::string& dir) {
-  std::ifstream in(dir + "/meta.txt");
-  std::string line;
-  if (!in || !std::getline(in, line) || line != kMetaHeader)
+  const std::string path = dir + "/meta.txt";
+  std::ifstream file(path, std::ios::binary);
+  std::string text, line;
+  if (file) {
+    std::ostringstream ss;
+    ss << file.rdbuf();
+    text = ss.str();
+  }
+  if (!file || text.compare(0, std::strlen(kMetaHeader) + 1, std::string(kMetaHeader) + "\n") != 0)
     throw std::runtime_error("'" + dir + "' is not a trainer checkpoint (no readable meta.txt)");
+  // The last line is "end <checksum of the lines above>".
+  const size_t end_at = text.rfind("end ", text.size() >= 5 ? text.size() - 5 : 0);
+  if (end_at == std::string::npos)
+    throw std::runtime_error("checkpoint '" + dir +
+                             "': meta.txt is damaged (no checksum line: cut short, or written by an older trainer)");
+  char want[32];
+  std::snprintf(want, sizeof(want), "end %016llx\n", static_cast<unsigned long long>(fnv1a(text.data(), end_at)));
+  if ((end_at > 0 && text[end_at - 1] != '\n') || text.substr(end_at) != want)
+    throw std::runtime_error("checkpoint '" + dir +
+                             "': meta.txt is damaged (cut short or edited: its checksum line does not match)");
+  std::istringstream in(text.substr(0, end_at));
+  std::getline(in, line);
   CheckpointMeta m;
   size_t nhist = 0;
   std::string key;
-  while (in >> key) {
-    if (key == "model_hash") {
-      std::string h;
-      in >> h;
-      m.model_hash = std::stoull(h, nullptr, 16);
-    } else if (key == "model") {
-      in >> std::ws;
-      std::getline(in, m.model);
-    } else if (key == "nranks") {
-      in >> m.nranks;
-    } else if (key == "shard_group") {
-      in >> m.shard_group;
-    } else if (key == "step") {
-      in >> m.step;
-    } else if (key == "steps") {
-      in >> m.steps;
-    } else if (key == "rng") {
-      in >> m.rng.s[0] >> m.rng.s[1] >> m.rng.s[2] >> m.rng.s[3];
-    } else if (key == "drawn") {
-      in >> m.drawn;
-    } else if (key == "history") {
-      in >> nhist;
-      for (size_t i = 0; i < nhist && in; ++i) {
-        HistoryRow h;
-        std::string loss, val;
-        in >> h.step >> loss >> val;
-        h.loss = std::stod(loss);
-        h.val = std::stod(val);
-        m.history.push_back(h);
+  std::vector<std::string> seen;
+  try {
+    while (in >> key) {
+      seen.push_back(key);
+      if (key == "model_hash") {
+        std::string h;
+        in >> h;
+        m.model_hash = std::stoull(h, nullptr, 16);
+      } else if (key == "model") {
+        in >> std::ws;
+        std::getline(in, m.model);
+      } else if (key == "training") {
+        in >> std::ws;
+        std::getline(in, m.training);
+      } else if (key == "nranks") {
+        in >> m.nranks;
+      } else if (key == "shard_group") {
+        in >> m.shard_group;
+      } else if (key == "step") {
+        in >> m.step;
+      } else if (key == "steps") {
+        in >> m.steps;
+      } else if (key == "rng") {
+        in >> m.rng.s[0] >> m.rng.s[1] >> m.rng.s[2] >> m.rng.s[3];
+      } else if (key == "drawn") {
+        in >> m.drawn;
+      } else if (key == "history") {
+        in >> nhist;
+        for (size_t i = 0; i < nhist && in; ++i) {
+          HistoryRow h;
+          std::string loss, val;
+          in >> h.step >> loss >> val;
+          h.loss = std::stod(loss);
+          h.val = std::stod(val);
+          m.history.push_back(h);
+        }
+      } else {
+        throw std::runtime_error("unknown field '" + key + "'");
       }
-    } else {
-      throw std::runtime_error("checkpoint '" + dir + "': unknown field '" + key + "' in meta.txt");
+      if (!in) throw std::runtime_error("malformed value of '" + key + "'");
     }
-    if (!in) throw std::runtime_error("checkpoint '" + dir + "': malformed meta.txt near '" + key + "'");
+  } catch (const std::exception& e) {  // std::stod and friends say only their own name
+    throw std::runtime_error(
+        "checkpoint '" + dir + "': meta.txt: " +
+        (dynamic_cast<const std::runtime_error*>(&e) ? e.what() : "malformed value of '" + key + "'"));
   }
+  for (const char* k :
+       {"model_hash", "model", "training", "nranks", "shard_group", "step", "steps", "rng", "drawn", "history"})
+    if (std::find(seen.begin(), seen.end(), k) == seen.end())
+      throw std::runtime_error("checkpoint '" + dir + "': meta.txt has no '" + k + "' (written by an older trainer?)");
   return m;
 }
 
@@ -285,6 +344,31 @@ CheckpointMeta load_checkpoint(const std::string& dir, const CheckpointMeta& exp
                              " ranks in shard groups of " + std::to_string(meta.shard_group) + "; this run has " +
                              std::to_string(expect.nranks) + " in groups of " + std::to_string(expect.shard_group) +
                              " (resume with the same ranks)");
+  if (meta.training != expect.training) {
+    // "key=value ..." on both sides; name every flag whose value differs.
+    auto fields = [](const std::string& text) {
+      std::vector<std::pair<std::string, std::string>> kv;
+      std::istringstream in(text);
+      std::string tok;
+      while (in >> tok) {
+        const size_t eq = tok.find('=');
+        kv.emplace_back(tok.substr(0, eq), eq == std::string::npos ? "" : tok.substr(eq + 1));
+      }
+      return kv;
+    };
+    const auto theirs = fields(meta.training), ours = fields(expect.training);
+    std::string diff;
+    for (const auto& [k, v] : ours) {
+      auto it = std::find_if(theirs.begin(), theirs.end(), [&](const auto& f) { return f.first == k; });
+      const std::string was = it == theirs.end() ? "(not recorded)" : it->second;
+      if (was == v) continue;
+      diff += "\n  " + (k == "data" ? std::string("--data / --val-fraction: another text (checkpoint: ") + was +
+                                          ", this run: " + v + ")"
+                                    : "--" + k + " " + v + " (checkpoint: " + was + ")");
+    }
+    if (diff.empty()) diff = "\n  checkpoint: " + meta.training + "\n  this run:   " + expect.training;
+    throw std::runtime_error("checkpoint '" + dir + "' was trained with other settings; resume with its flags:" + diff);
+  }
   const std::string path = dir + "/rank-" + std::to_string(rank) + ".bin";
   std::ifstream in(path, std::ios::binary);
   if (!in) fail_errno("cannot read checkpoint file", path);

@@ -6,7 +6,8 @@
 // writes and fsyncs its file, the ranks agree that all did, then rank 0 writes meta.txt, fsyncs the directory and
 // renames it to its final name, which is atomic. A directory named step-NNNNNNNN is therefore always complete, and
 // a rank killed at any moment leaves at worst a .tmp directory, which the next checkpoint removes and resuming
-// ignores.
+// ignores. Deleting one (pruning beyond --keep, or later ones on --overwrite) renames it to .del first, for the
+// same reason. meta.txt ends with a checksum of its lines, so a damaged one is refused, not half read.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,9 @@ struct HistoryRow {
 struct CheckpointMeta {
   uint64_t model_hash = 0;
   std::string model;  // ModelConfig::describe()
+  // The settings besides the model that decide the trajectory, "flag=value ..." (Trainer::meta): a resume with other
+  // values is refused, naming them.
+  std::string training;
   int nranks = 1, shard_group = 1;
   int step = 0, steps = 0;  // steps done, steps planned
   Rng rng;
@@ -43,6 +47,11 @@ struct CheckpointMeta {
 // std::runtime_error on any rank's failure. Returns the checkpoint's path.
 std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta, const std::vector<StateBuffer>& mine,
                             Dist& dist, int keep, const std::function<void()>& die_midway = {});
+
+// Deletes the checkpoint directory `dir` (rank 0 only) so that a kill at any moment leaves no torn checkpoint under
+// its name: renamed to <dir>.del first (atomic and made durable), which nothing reads and the next checkpoint
+// removes. Throws std::filesystem::filesystem_error or std::runtime_error.
+void remove_checkpoint(const std::string& dir);
 
 // The newest complete checkpoint under root, or "" when there is none.
 std::string latest_checkpoint(const std::string& root);

@@ -53,11 +53,16 @@ Corpus Corpus::from_text(std::string_view text, double val_fraction, size_t min_
   if (!(val_fraction > 0 && val_fraction < 1)) throw std::runtime_error("--val-fraction must be between 0 and 1");
   Corpus c;
   c.source = std::move(source);
-  const size_t every = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / val_fraction)));
+  // At least 8 blocks of the smaller split: 8 / F blocks (8 / (1 - F) when more is held out than kept).
+  const size_t every =
+      std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / std::min(val_fraction, 1 - val_fraction))));
   const size_t block = std::clamp<size_t>(text.size() / (8 * every), 64, 4096);
   for (size_t b = 0, off = 0; off < text.size(); ++b, off += block) {
     const size_t len = std::min(block, text.size() - off);
-    auto& dst = b % every == every - 1 ? c.val : c.train;
+    // Block b is held out when it brings the held-out count, floor(blocks * F), one up: val_fraction of the blocks,
+    // spread evenly (at 0.1 every 10th, at 0.9 nine in ten).
+    const bool held_out = std::floor(double(b + 1) * val_fraction) > std::floor(double(b) * val_fraction);
+    auto& dst = held_out ? c.val : c.train;
     dst.insert(dst.end(), text.begin() + off, text.begin() + off + len);
   }
   if (c.train.size() < min_split || c.val.size() < min_split)

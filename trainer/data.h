@@ -17,8 +17,8 @@ struct Corpus {
   std::string source;  // what was read, for the log
 
   // `path`: a text file, or a directory whose regular files (symlinks followed, each file once) are concatenated in
-  // name order. Every `1 / val_fraction`-th block of the text goes to val, the rest to train; a block is 1/80 of
-  // the text (at 10%: 8 held-out blocks, spread over the whole text), between 64 bytes and 4 KiB. Throws
+  // name order. val_fraction of the text's blocks, spread evenly, go to val (at 0.1 every 10th), the rest to train;
+  // a block is 1/80 of the text at 10% (8 held-out blocks over the whole text), between 64 bytes and 4 KiB. Throws
   // std::runtime_error naming the path when it cannot be read, is empty, or leaves a split shorter than min_split
   // bytes.
   static Corpus load(const std::string& path, double val_fraction, size_t min_split);

@@ -20,9 +20,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "trainer/data.h"
 #include "trainer/dist.h"
@@ -55,6 +57,7 @@ struct Options {
   // the optimizer), or halfway through writing its file of the checkpoint at that step.
   int kill_rank = -1, kill_step = -1;
   bool kill_in_checkpoint = false;
+  uint64_t command_line_hash = 0;  // of every argument: ranks started with different flags are refused
 };
 
 void usage(FILE* f) {
@@ -103,6 +106,9 @@ T parse_number(const char* opt, const char* text) {
   T v{};
   in >> v;
   if (!in || !in.eof()) throw UsageError(std::string("--") + opt + ": '" + text + "' is not a number");
+  // Streams read "-1" into an unsigned type as its wrap-around.
+  if (std::is_unsigned_v<T> && std::string(text).find('-') != std::string::npos)
+    throw UsageError(std::string("--") + opt + ": '" + text + "' must be >= 0");
   return v;
 }
 
@@ -269,6 +275,11 @@ Options parse(int argc, char** argv) {
     throw UsageError("--kill-at: the rank must be >= 0 and the step >= 1");
   if (o.eval_every < 0 || o.ckpt_every < 0 || o.keep < 1)
     throw UsageError("--eval-every and --ckpt-every must be >= 0, --keep >= 1");
+  // Checked here, before the corpus is cut into windows of --seq-len + 1 bytes.
+  if (m.seq_len < 1) throw UsageError("--seq-len " + std::to_string(m.seq_len) + " must be >= 1");
+  if (!(o.val_fraction > 0 && o.val_fraction < 1))
+    throw UsageError("--val-fraction " + (std::ostringstream() << o.val_fraction).str() +
+                     " must be between 0 and 1 (exclusive)");
   // Defaults follow the flags they depend on: the final rate never above the peak, validation at least one batch.
   if (!min_lr_given) o.train.min_lr = std::min(o.train.min_lr, o.train.lr);
   if (!eval_seqs_given) o.train.eval_seqs = std::max(o.train.eval_seqs, o.train.batch);
@@ -352,6 +363,11 @@ void write_plot(const std::string& dir, const std::vector<HistoryRow>& history, 
         val << line;
       }
     }
+    // A full disk or an unwritable directory must not pass for a written curve.
+    for (auto [f, name] : {std::pair{&loss, "/loss.tsv"}, std::pair{&val, "/val.tsv"}}) {
+      f->close();
+      if (!*f) throw std::runtime_error("cannot write '" + dir + name + "' (disk full, or not writable?)");
+    }
   }
   if (!plot || history.empty()) return;
   for (const char* terminal : {"pngcairo", "png"}) {
@@ -391,6 +407,19 @@ int run(const Options& o) {
   const int rank = world ? world->rank() : 0;
   const bool lead = rank == 0;
 
+  if (!world && (o.shard_group > 0 || o.hybrid))
+    throw std::invalid_argument(std::string(o.hybrid ? "--hybrid" : "--shard-group") +
+                                " shards over several ranks: run under a launcher (chorusrun -n N)");
+  if (world) {
+    // Every rank must run the same command line: ranks with other flags would train different things together.
+    std::vector<uint64_t> all(world->size());
+    world->all_gather(std::span<const uint64_t>(&o.command_line_hash, 1), std::span<uint64_t>(all));
+    for (size_t r = 1; r < all.size(); ++r)
+      if (all[r] != all[0])
+        throw std::invalid_argument("rank " + std::to_string(r) +
+                                    " was started with other arguments than rank 0: every rank needs the same "
+                                    "command line");
+  }
   if (o.kill_rank >= (world ? world->size() : 1))
     throw std::invalid_argument("--kill-at: rank " + std::to_string(o.kill_rank) + " is not a rank of this run (" +
                                 std::to_string(world ? world->size() : 1) + " rank(s))");
@@ -403,6 +432,9 @@ int run(const Options& o) {
   const double unigram = unigram_baseline(corpus);
 
   const std::string ckpt_root = o.out + "/checkpoints";
+  for (const std::string& d : {o.out, ckpt_root})
+    if (fs::exists(d) && !fs::is_directory(d))
+      throw std::runtime_error("'" + d + "' exists and is not a directory (see --out)");
   std::string resume_dir = o.resume_from;
   if (o.resume && resume_dir.empty()) {
     resume_dir = latest_checkpoint(ckpt_root);
@@ -419,7 +451,20 @@ int run(const Options& o) {
     // Checkpoints after the one resumed from, in the folder this run writes to, belong to the run it leaves: this
     // run's checkpoints would interleave with them, the newest kept would be theirs, and --resume would take the
     // stale newest. They are removed only when asked, and only once the resumed checkpoint has loaded.
-    const std::vector<std::string> later = checkpoints_after(ckpt_root, read_meta(resume_dir).step);
+    const int resume_step = read_meta(resume_dir).step;
+    if (world) {
+      // Ranks that see different checkpoints (another working directory, a file system not shared) would load
+      // different steps and then wait on each other until the timeout.
+      const uint64_t mine = uint64_t(resume_step);
+      std::vector<uint64_t> all(world->size());
+      world->all_gather(std::span<const uint64_t>(&mine, 1), std::span<uint64_t>(all));
+      for (size_t r = 1; r < all.size(); ++r)
+        if (all[r] != all[0])
+          throw std::runtime_error("rank 0 resumes from step " + std::to_string(all[0]) + " but rank " +
+                                   std::to_string(r) + " from step " + std::to_string(all[r]) +
+                                   ": every rank must see the same checkpoints (same --out, a shared file system)");
+    }
+    const std::vector<std::string> later = checkpoints_after(ckpt_root, resume_step);
     std::string names;
     for (const std::string& p : later) names += (names.empty() ? "" : ", ") + fs::path(p).filename().string();
     if (!later.empty() && !o.overwrite)
@@ -430,8 +475,8 @@ int run(const Options& o) {
       if (world) world->barrier();  // every rank has loaded and looked before rank 0 deletes
       if (lead)
         for (const std::string& p : later) {
-          fs::remove_all(p);
-          fs::remove_all(p + ".old");  // a copy a kill left beside it, which would stand in for it
+          remove_checkpoint(p);
+          remove_checkpoint(p + ".old");  // a copy a kill left beside it, which would stand in for it
         }
     }
   }
@@ -548,6 +593,11 @@ int main(int argc, char** argv) {
   Options o;
   try {
     o = parse(argc, argv);
+    for (int i = 1; i < argc; ++i)
+      for (const char* p = argv[i];; ++p) {
+        o.command_line_hash = hash_combine(o.command_line_hash, static_cast<unsigned char>(*p));
+        if (*p == 0) break;
+      }
   } catch (const UsageError& e) {
     std::fprintf(stderr, "chorus-trainer: %s\n", e.what());
     return kExitUsage;

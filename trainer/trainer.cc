@@ -1,7 +1,9 @@
 #include "trainer/trainer.h"
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 #include "trainer/moe.h"
@@ -103,10 +105,37 @@ ParamStore::Memory Trainer::memory() const {
   return m;
 }
 
+namespace {
+
+// The shortest text that reads back as v.
+std::string exact(float v) {
+  char b[32];
+  return std::string(b, std::to_chars(b, b + sizeof(b), v).ptr);
+}
+
+// The settings besides the model that decide the training trajectory, as "flag=value" (CheckpointMeta::training).
+// Not among them: --steps (a resumed run may go on longer; the schedule then follows the new length), and what
+// changes only speed or the validation numbers (--no-prefetch, --eval-seqs, --eval-every).
+std::string training_settings(const TrainConfig& c, const Corpus& corpus) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the training text, then of the held-out text
+  for (const std::vector<uint8_t>* part : {&corpus.train, &corpus.val})
+    for (uint8_t b : *part) h = (h ^ b) * 0x100000001b3ull;
+  char data[80];
+  std::snprintf(data, sizeof(data), "%016llx:%zu+%zu", static_cast<unsigned long long>(h), corpus.train.size(),
+                corpus.val.size());
+  return "batch=" + std::to_string(c.batch) + " lr=" + exact(c.lr) + " min-lr=" + exact(c.min_lr) +
+         " warmup=" + std::to_string(c.warmup) + " weight-decay=" + exact(c.adam.weight_decay) +
+         " clip=" + exact(c.clip) + " aux-weight=" + exact(c.aux_weight) + " seed=" + std::to_string(c.seed) +
+         " compress=" + (c.compress.empty() ? std::string("none") : c.compress) + " data=" + data;
+}
+
+}  // namespace
+
 CheckpointMeta Trainer::meta() const {
   CheckpointMeta m;
   m.model_hash = cfg_.model.hash();
   m.model = cfg_.model.describe();
+  m.training = training_settings(cfg_, corpus_);
   m.nranks = dist_.nranks();
   m.shard_group = dist_.shard_size();
   m.step = step_;

@@ -179,6 +179,20 @@ void gradient_check(int experts) {
   EXPECT_LE(skipped, checked / 10);
 }
 
+// --val-fraction F holds out F of the text (it used to hold out 1 / round(1 / F): 50% at 0.9, 33% at 0.4), spread
+// evenly; at 0.1 every 10th block, as always.
+TEST(Corpus, ValFractionIsTheShareHeldOut) {
+  const std::string text = sample_text(200000);
+  for (double f : {0.05, 0.1, 0.25, 0.4, 0.6, 0.9}) {
+    const Corpus c = Corpus::from_text(text, f, 64);
+    EXPECT_NEAR(double(c.val.size()) / double(text.size()), f, 0.045) << f;  // within a block: 24 at 0.4 and 0.6
+    EXPECT_EQ(c.train.size() + c.val.size(), text.size());
+  }
+  // 0.1: blocks 9, 19, 29, ... (the block is 200000 / 80 = 2500 bytes).
+  const Corpus c = Corpus::from_text(text, 0.1, 64);
+  EXPECT_EQ(std::string(c.val.begin(), c.val.begin() + 2500), text.substr(9 * 2500, 2500));
+}
+
 TEST(GradientCheck, DenseModelMatchesFiniteDifferences) { gradient_check(0); }
 TEST(GradientCheck, MoeModelMatchesFiniteDifferences) { gradient_check(4); }
 
@@ -486,6 +500,108 @@ TEST_F(Cli, ResumingFromAnOlderCheckpointNeverLosesTheNewOnesItWrites) {
   EXPECT_NE(resumed.out.find("step-00000006"), std::string::npos) << resumed.out;
 }
 
+// Checkpoints are deleted by renaming them to .del first (remove_checkpoint), so a kill while deleting leaves no torn
+// checkpoint under its name (it used to: meta.txt still there, rank files gone, and --resume took it). What such a
+// kill leaves, a .del directory, or a step directory without meta.txt from before, is never resumed and is removed
+// by the next checkpoint.
+TEST_F(Cli, HalfDeletedCheckpointsAreNeverResumedAndAreCleanedUp) {
+  Result r = trainer(0, "run", "--steps 6 --ckpt-every 2 --keep 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path ck = dir_ / "run/checkpoints";
+  // A deletion of step 6 cut short after its rename, and a step-8 directory that lost its meta.txt.
+  fs::rename(ck / "step-00000006", ck / "step-00000006.del");
+  fs::remove(ck / "step-00000006.del/rank-0.bin");
+  fs::create_directory(ck / "step-00000008");
+  fs::copy_file(ck / "step-00000004/rank-0.bin", ck / "step-00000008/rank-0.bin");
+  r = trainer(0, "run", "--steps 7 --ckpt-every 2 --keep 3 --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + (ck / "step-00000004").string()), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(ck / "step-00000006.del"));
+  EXPECT_FALSE(fs::exists(ck / "step-00000008"));
+  // Pruning beyond --keep 1 leaves only the newest, and no .del behind.
+  r = trainer(0, "run", "--steps 9 --ckpt-every 1 --keep 1 --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(ck)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"step-00000009"});
+}
+
+// meta.txt ends with a checksum of its lines: cut short or edited, it is refused naming the file, not half read
+// (a truncated one used to resume with an empty history and a reset sampler, exit 0).
+TEST_F(Cli, ADamagedMetaTxtIsRefused) {
+  Result r = trainer(0, "run", "--steps 4 --ckpt-every 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path meta = dir_ / "run/checkpoints/step-00000004/meta.txt";
+  const std::string good = file("run/checkpoints/step-00000004/meta.txt");
+  for (const std::string& bad :
+       {good.substr(0, good.size() / 2), std::regex_replace(good, std::regex("\ndrawn "), "\ndrawn 1")}) {
+    std::ofstream(meta, std::ios::trunc) << bad;
+    r = trainer(0, "run", "--steps 6 --resume");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("meta.txt is damaged"), std::string::npos) << r.out;
+  }
+  std::ofstream(meta, std::ios::trunc) << good;
+  r = trainer(0, "run", "--steps 6 --resume");
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// The settings that decide the trajectory are recorded; a resume with others is refused naming each flag (it used
+// to train on silently). --steps may change: a resumed run may go on longer.
+TEST_F(Cli, ResumingWithOtherTrainingFlagsIsRefusedNamingThem) {
+  Result r = trainer(0, "run", "--steps 2 --ckpt-every 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = trainer(0, "run", "--steps 4 --resume --lr 2e-2 --batch 8");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("was trained with other settings"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--lr 0.02 (checkpoint: 0.01)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--batch 8 (checkpoint: 4)"), std::string::npos) << r.out;
+  r = trainer(0, "run", "--steps 4 --resume --val-fraction 0.2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--data / --val-fraction: another text"), std::string::npos) << r.out;
+  r = trainer(0, "run", "--steps 4 --resume");
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// Every rank must get the same command line; a rank started with another flag is refused before training (it used
+// to train on mixed settings, exit 0).
+TEST_F(Cli, RanksStartedWithOtherArgumentsAreRefused) {
+  const std::string args = " --data " + data_ + " --out " + (dir_ / "run").string() +
+                           " --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2 --d-expert 32"
+                           " --batch 4 --eval-seqs 8 --steps 2 --no-plot";
+  Result r = chorus::test::run("CHORUS_TIMEOUT_MS=30000 " + std::string(CHORUSRUN) +
+                               " -n 2 --timeout 120 sh -c 'if [ \"$CHORUS_RANK\" = 1 ]; then X=\"--seed 5\"; fi; "
+                               "exec " +
+                               CHORUS_TRAINER + args + " $X'");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rank 1 was started with other arguments than rank 0"), std::string::npos) << r.out;
+}
+
+// Ranks that see different checkpoints (here: other working directories, --out relative) are refused before they
+// load (they used to load steps 4 and 2 and wait on each other until the timeout).
+TEST_F(Cli, RanksThatSeeDifferentCheckpointsAreRefused) {
+  const std::string cmd = std::string(CHORUS_TRAINER) + " --data " + data_ +
+                          " --out run --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2"
+                          " --d-expert 32 --batch 4 --eval-seqs 8 --no-plot --ckpt-every 2";
+  const std::string launch = "CHORUS_TIMEOUT_MS=30000 " + std::string(CHORUSRUN) + " -n 2 --timeout 120 ";
+  fs::create_directories(dir_ / "a");
+  Result r = chorus::test::run("cd " + (dir_ / "a").string() + " && " + launch + cmd + " --steps 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  fs::copy(dir_ / "a", dir_ / "b", fs::copy_options::recursive);
+  fs::remove_all(dir_ / "b/run/checkpoints/step-00000004");
+  r = chorus::test::run(launch + "sh -c 'if [ \"$CHORUS_RANK\" = 0 ]; then cd " + (dir_ / "a").string() + "; else cd " +
+                        (dir_ / "b").string() + "; fi; exec " + cmd + " --steps 6 --resume'");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rank 0 resumes from step 4 but rank 1 from step 2"), std::string::npos) << r.out;
+}
+
+// Writing the loss curve can fail (disk full, a directory in the way): an error, not "loss curve: ..." and exit 0.
+TEST_F(Cli, ALossCurveThatCannotBeWrittenIsAnError) {
+  fs::create_directories(dir_ / "run/loss.tsv");
+  Result r = trainer(0, "run", "--steps 1 --ckpt-every 0");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("cannot write '" + (dir_ / "run").string() + "/loss.tsv'"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, OneProcessRunTrainsAndPrintsEverything) {
   Result r = trainer(0, "run", "--steps 6 --ckpt-every 3 --eval-every 3");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -564,7 +680,9 @@ TEST_F(Cli, NonsensicalHyperParametersAreRefusedNamingTheFlag) {
   }
   // Flags that parse but describe a run that cannot be are usage errors too (exit 2), found before training;
   // a negative --shard-group and a --kill-at rank outside the run used to be taken silently.
-  for (const char* flags : {"--steps -1", "--top-k 9", "--shard-group -2", "--kill-at 5:1", "--kill-at -1:3"}) {
+  for (const char* flags :
+       {"--steps -1", "--top-k 9", "--shard-group -2", "--kill-at 5:1", "--kill-at -1:3", "--seq-len -5",
+        "--val-fraction 0", "--val-fraction 2", "--seed -1", "--shard-group 2", "--hybrid"}) {
     Result r = trainer(0, "run", flags);
     EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
     const std::string flag = std::string(flags).substr(0, std::string(flags).find(' '));
