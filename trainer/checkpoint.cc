@@ -133,6 +133,22 @@ std::string meta_text(const CheckpointMeta& m) {
   return text + line;
 }
 
+// What killed attempts leave under root: temporary directories (.tmp), directories half deleted (.del, or a step
+// directory without meta.txt, which no complete checkpoint lacks), and .old copies whose checkpoint is there (else
+// pruning that checkpoint would bring its stale copy back). None is a complete checkpoint.
+void remove_leftovers(const std::string& root) {
+  static const std::regex kStep("step-[0-9]{8}");
+  std::vector<fs::path> leftovers;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const fs::path& p = e.path();
+    const std::string ext = p.extension().string();
+    if (ext == ".tmp" || ext == ".del" || (ext == ".old" && fs::exists(p.parent_path() / p.stem())) ||
+        (std::regex_match(p.filename().string(), kStep) && !fs::exists(p / "meta.txt")))
+      leftovers.push_back(p);
+  }
+  for (const fs::path& p : leftovers) fs::remove_all(p);
+}
+
 // Removes a checkpoint directory so that no kill can leave it torn under its name: it is renamed (atomic, made
 // durable) to <dir>.del, which nothing reads and the next checkpoint removes, and only then deleted.
 void retire(const fs::path& dir) {
@@ -196,7 +212,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
         fs::create_directories(root);
         fsync_path(fs::absolute(root).parent_path().string());  // the new directory's entry, durable too
       }
-      fs::remove_all(tmp);
+      remove_leftovers(root);  // first: on a nearly full disk their space may be needed
       fs::create_directory(tmp);
     });
   agree("prepare the directory");
@@ -217,19 +233,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
       fs::rename(tmp, final_dir);
       fsync_path(root);
       fs::remove_all(old);
-      // Leftovers first: temporary directories of killed attempts, directories a kill left half deleted (.del, or a
-      // step directory without meta.txt, which no complete checkpoint lacks), and .old copies whose checkpoint is
-      // there (else pruning that checkpoint below would bring its stale copy back).
-      static const std::regex kStep("step-[0-9]{8}");
-      std::vector<fs::path> leftovers;
-      for (const auto& e : fs::directory_iterator(root)) {
-        const fs::path& p = e.path();
-        const std::string ext = p.extension().string();
-        if (ext == ".tmp" || ext == ".del" || (ext == ".old" && fs::exists(p.parent_path() / p.stem())) ||
-            (std::regex_match(p.filename().string(), kStep) && !fs::exists(p / "meta.txt")))
-          leftovers.push_back(p);
-      }
-      for (const fs::path& p : leftovers) fs::remove_all(p);
+      remove_leftovers(root);  // the .old copy of a checkpoint written again, now that the checkpoint is there
       // Keep the newest `keep`.
       std::vector<fs::path> all = complete_checkpoints(root);
       for (size_t i = 0; i + std::max(keep, 1) < all.size(); ++i) retire(all[i]);

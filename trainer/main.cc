@@ -57,7 +57,6 @@ struct Options {
   // the optimizer), or halfway through writing its file of the checkpoint at that step.
   int kill_rank = -1, kill_step = -1;
   bool kill_in_checkpoint = false;
-  uint64_t command_line_hash = 0;  // of every argument: ranks started with different flags are refused
 };
 
 void usage(FILE* f) {
@@ -276,7 +275,7 @@ Options parse(int argc, char** argv) {
   if (o.eval_every < 0 || o.ckpt_every < 0 || o.keep < 1)
     throw UsageError("--eval-every and --ckpt-every must be >= 0, --keep >= 1");
   // Checked here, before the corpus is cut into windows of --seq-len + 1 bytes.
-  if (m.seq_len < 1) throw UsageError("--seq-len " + std::to_string(m.seq_len) + " must be >= 1");
+  if (m.seq_len < 2) throw UsageError("--seq-len must be at least 2 (got " + std::to_string(m.seq_len) + ")");
   if (!(o.val_fraction > 0 && o.val_fraction < 1))
     throw UsageError("--val-fraction " + (std::ostringstream() << o.val_fraction).str() +
                      " must be between 0 and 1 (exclusive)");
@@ -400,6 +399,108 @@ void write_plot(const std::string& dir, const std::vector<HistoryRow>& history, 
   std::printf("plot: gnuplot failed; the curve is in %s/loss.tsv\n", dir.c_str());
 }
 
+// An absolute path without . or .. parts, symlinks resolved where they exist: two spellings of one directory compare
+// equal, one relative path under two working directories does not.
+std::string absolute_path(const std::string& p) {
+  if (p.empty()) return p;
+  std::error_code ec;
+  const fs::path a = fs::weakly_canonical(fs::absolute(p), ec);
+  return ec ? fs::absolute(p).lexically_normal().string() : a.string();
+}
+
+// Every option as "name value", one per line, paths absolute: what every rank of a run must share.
+std::vector<std::pair<std::string, std::string>> option_lines(const Options& o) {
+  const TrainConfig& t = o.train;
+  auto f = [](double v) {
+    char b[40];
+    std::snprintf(b, sizeof(b), "%a", v);  // exact
+    return std::string(b);
+  };
+  return {{"--data", absolute_path(o.data)},
+          {"--val-fraction", f(o.val_fraction)},
+          {"model (--seq-len, --d-model, ...)", t.model.describe()},
+          {"--steps", std::to_string(t.steps)},
+          {"--batch", std::to_string(t.batch)},
+          {"--lr", f(t.lr)},
+          {"--min-lr", f(t.min_lr)},
+          {"--warmup", std::to_string(t.warmup)},
+          {"--weight-decay", f(t.adam.weight_decay)},
+          {"--clip", f(t.clip)},
+          {"--aux-weight", f(t.aux_weight)},
+          {"--seed", std::to_string(t.seed)},
+          {"--eval-every", std::to_string(o.eval_every)},
+          {"--eval-seqs", std::to_string(t.eval_seqs)},
+          {"--shard-group", std::to_string(o.shard_group)},
+          {"--hybrid", std::to_string(o.hybrid)},
+          {"--no-prefetch", std::to_string(!t.prefetch)},
+          {"--compress", t.compress},
+          {"--out", absolute_path(o.out)},
+          {"--ckpt-every", std::to_string(o.ckpt_every)},
+          {"--keep", std::to_string(o.keep)},
+          {"--resume", std::to_string(o.resume)},
+          {"--resume-from", absolute_path(o.resume_from)},
+          {"--overwrite", std::to_string(o.overwrite)},
+          {"--kill-at", std::to_string(o.kill_rank) + ":" + std::to_string(o.kill_step) +
+                            (o.kill_in_checkpoint ? ":checkpoint" : "")}};
+}
+
+uint64_t text_hash(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// Ranks started with other options would train different things together, or wait in a barrier the others skip:
+// every rank's options are compared with rank 0's (--plot aside), and the first that differs is named.
+void agree_on_options(chorus::Comm& world, const Options& o) {
+  const auto lines = option_lines(o);
+  std::vector<uint64_t> mine;
+  for (const auto& [name, value] : lines) mine.push_back(text_hash(value));
+  std::vector<uint64_t> all(mine.size() * size_t(world.size()));
+  world.all_gather(std::span<const uint64_t>(mine), std::span<uint64_t>(all));
+  for (size_t r = 1; r < size_t(world.size()); ++r)
+    for (size_t i = 0; i < mine.size(); ++i)
+      if (all[r * mine.size() + i] != all[i])
+        throw std::invalid_argument("rank " + std::to_string(r) + " was started with another " + lines[i].first +
+                                    " than rank 0" + (world.rank() == 0 ? " (rank 0: '" + lines[i].second + "')" : "") +
+                                    ": every rank needs the same options (paths are compared as absolute paths)");
+}
+
+// Ranks that read other text (a relative --data, or files that differ between hosts) or see other checkpoints (a
+// file system not shared) would train apart, or some would wait in a barrier that others skip: compared with rank
+// 0's before anything is deleted or loaded.
+void agree_on_checkpoints(chorus::Comm& world, const Trainer& trainer, const std::string& ckpt_root,
+                          const std::string& resume_dir) {
+  std::string seen;
+  for (const std::string& p : checkpoints_after(ckpt_root, -1)) seen += fs::path(p).filename().string() + " ";
+  std::string resumed;
+  int step = -1;
+  if (!resume_dir.empty()) {
+    std::ifstream meta(resume_dir + "/meta.txt", std::ios::binary);
+    resumed = (std::ostringstream() << meta.rdbuf()).str();
+    step = read_meta(resume_dir).step;
+  }
+  const uint64_t mine[4] = {text_hash(trainer.training_settings()), text_hash(seen), text_hash(resumed),
+                            uint64_t(int64_t(step))};
+  std::vector<uint64_t> all(4 * size_t(world.size()));
+  world.all_gather(std::span<const uint64_t>(mine, 4), std::span<uint64_t>(all));
+  for (size_t r = 1; r < size_t(world.size()); ++r) {
+    const uint64_t* theirs = all.data() + 4 * r;
+    const std::string who = "rank " + std::to_string(r);
+    if (theirs[0] != all[0])
+      throw std::runtime_error(who +
+                               " reads another text than rank 0 from --data (do the files differ between "
+                               "hosts?)");
+    if (theirs[3] != all[3])
+      throw std::runtime_error("rank 0 resumes from step " + std::to_string(int64_t(all[3])) + " but " + who +
+                               " from step " + std::to_string(int64_t(theirs[3])) +
+                               ": every rank must see the same checkpoints (a shared file system)");
+    if (theirs[1] != all[1] || theirs[2] != all[2])
+      throw std::runtime_error(who + " sees other checkpoints under '" + ckpt_root +
+                               "' than rank 0: every rank must see the same checkpoints (a shared file system)");
+  }
+}
+
 int run(const Options& o) {
   blas_init();
   std::unique_ptr<chorus::Comm> world;
@@ -410,16 +511,7 @@ int run(const Options& o) {
   if (!world && (o.shard_group > 0 || o.hybrid))
     throw std::invalid_argument(std::string(o.hybrid ? "--hybrid" : "--shard-group") +
                                 " shards over several ranks: run under a launcher (chorusrun -n N)");
-  if (world) {
-    // Every rank must run the same command line: ranks with other flags would train different things together.
-    std::vector<uint64_t> all(world->size());
-    world->all_gather(std::span<const uint64_t>(&o.command_line_hash, 1), std::span<uint64_t>(all));
-    for (size_t r = 1; r < all.size(); ++r)
-      if (all[r] != all[0])
-        throw std::invalid_argument("rank " + std::to_string(r) +
-                                    " was started with other arguments than rank 0: every rank needs the same "
-                                    "command line");
-  }
+  if (world) agree_on_options(*world, o);
   if (o.kill_rank >= (world ? world->size() : 1))
     throw std::invalid_argument("--kill-at: rank " + std::to_string(o.kill_rank) + " is not a rank of this run (" +
                                 std::to_string(world ? world->size() : 1) + " rank(s))");
@@ -435,35 +527,25 @@ int run(const Options& o) {
   for (const std::string& d : {o.out, ckpt_root})
     if (fs::exists(d) && !fs::is_directory(d))
       throw std::runtime_error("'" + d + "' exists and is not a directory (see --out)");
+  if (lead) fs::remove_all(ckpt_root + ".del");  // what a killed --overwrite left
   std::string resume_dir = o.resume_from;
   if (o.resume && resume_dir.empty()) {
     resume_dir = latest_checkpoint(ckpt_root);
     if (resume_dir.empty()) throw std::runtime_error("--resume: no checkpoint under '" + ckpt_root + "'");
   }
+  if (world) agree_on_checkpoints(*world, trainer, ckpt_root, resume_dir);
   if (resume_dir.empty() && !latest_checkpoint(ckpt_root).empty()) {
     if (!o.overwrite)
       throw std::runtime_error("'" + ckpt_root + "' holds checkpoints of an earlier run: pass --resume to continue " +
                                "it, --overwrite to start afresh, or another --out");
-    if (world) world->barrier();  // every rank has looked before rank 0 deletes
-    if (lead) fs::remove_all(ckpt_root);
+    if (world) world->barrier();             // every rank has looked before rank 0 deletes
+    if (lead) remove_checkpoint(ckpt_root);  // renamed away first: a kill leaves no torn checkpoint behind
   }
   if (!resume_dir.empty()) {
     // Checkpoints after the one resumed from, in the folder this run writes to, belong to the run it leaves: this
     // run's checkpoints would interleave with them, the newest kept would be theirs, and --resume would take the
     // stale newest. They are removed only when asked, and only once the resumed checkpoint has loaded.
     const int resume_step = read_meta(resume_dir).step;
-    if (world) {
-      // Ranks that see different checkpoints (another working directory, a file system not shared) would load
-      // different steps and then wait on each other until the timeout.
-      const uint64_t mine = uint64_t(resume_step);
-      std::vector<uint64_t> all(world->size());
-      world->all_gather(std::span<const uint64_t>(&mine, 1), std::span<uint64_t>(all));
-      for (size_t r = 1; r < all.size(); ++r)
-        if (all[r] != all[0])
-          throw std::runtime_error("rank 0 resumes from step " + std::to_string(all[0]) + " but rank " +
-                                   std::to_string(r) + " from step " + std::to_string(all[r]) +
-                                   ": every rank must see the same checkpoints (same --out, a shared file system)");
-    }
     const std::vector<std::string> later = checkpoints_after(ckpt_root, resume_step);
     std::string names;
     for (const std::string& p : later) names += (names.empty() ? "" : ", ") + fs::path(p).filename().string();
@@ -474,9 +556,9 @@ int run(const Options& o) {
     if (!later.empty()) {
       if (world) world->barrier();  // every rank has loaded and looked before rank 0 deletes
       if (lead)
-        for (const std::string& p : later) {
-          remove_checkpoint(p);
-          remove_checkpoint(p + ".old");  // a copy a kill left beside it, which would stand in for it
+        for (auto p = later.rbegin(); p != later.rend(); ++p) {  // newest first: a kill leaves no gap
+          remove_checkpoint(*p);
+          remove_checkpoint(*p + ".old");  // a copy a kill left beside it, which would stand in for it
         }
     }
   }
@@ -593,11 +675,6 @@ int main(int argc, char** argv) {
   Options o;
   try {
     o = parse(argc, argv);
-    for (int i = 1; i < argc; ++i)
-      for (const char* p = argv[i];; ++p) {
-        o.command_line_hash = hash_combine(o.command_line_hash, static_cast<unsigned char>(*p));
-        if (*p == 0) break;
-      }
   } catch (const UsageError& e) {
     std::fprintf(stderr, "chorus-trainer: %s\n", e.what());
     return kExitUsage;

@@ -1,6 +1,7 @@
 #include "trainer/model.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -16,9 +17,14 @@ std::string ModelConfig::describe() const {
   std::ostringstream s;
   s << "vocab=" << vocab << " seq_len=" << seq_len << " d_model=" << d_model << " layers=" << n_layers
     << " heads=" << n_heads << " d_ff=" << d_ff << " experts=" << n_experts;
-  if (n_experts > 0)
-    s << " top_k=" << top_k << " capacity_factor=" << capacity_factor << " d_expert=" << d_expert
-      << " moe_every=" << moe_every;
+  if (n_experts > 0) {
+    // The shortest text that reads back as the value: two factors that differ are two models (a stream's 6 digits
+    // made 1.25 and 1.2500001 one).
+    char cf[32];
+    s << " top_k=" << top_k
+      << " capacity_factor=" << std::string(cf, std::to_chars(cf, cf + sizeof(cf), capacity_factor).ptr)
+      << " d_expert=" << d_expert << " moe_every=" << moe_every;
+  }
   return s.str();
 }
 

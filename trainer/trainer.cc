@@ -116,7 +116,7 @@ std::string exact(float v) {
 // The settings besides the model that decide the training trajectory, as "flag=value" (CheckpointMeta::training).
 // Not among them: --steps (a resumed run may go on longer; the schedule then follows the new length), and what
 // changes only speed or the validation numbers (--no-prefetch, --eval-seqs, --eval-every).
-std::string training_settings(const TrainConfig& c, const Corpus& corpus) {
+std::string settings_text(const TrainConfig& c, const Corpus& corpus) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the training text, then of the held-out text
   for (const std::vector<uint8_t>* part : {&corpus.train, &corpus.val})
     for (uint8_t b : *part) h = (h ^ b) * 0x100000001b3ull;
@@ -131,11 +131,13 @@ std::string training_settings(const TrainConfig& c, const Corpus& corpus) {
 
 }  // namespace
 
+std::string Trainer::training_settings() const { return settings_text(cfg_, corpus_); }
+
 CheckpointMeta Trainer::meta() const {
   CheckpointMeta m;
   m.model_hash = cfg_.model.hash();
   m.model = cfg_.model.describe();
-  m.training = training_settings(cfg_, corpus_);
+  m.training = training_settings();
   m.nranks = dist_.nranks();
   m.shard_group = dist_.shard_size();
   m.step = step_;

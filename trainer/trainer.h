@@ -67,6 +67,10 @@ class Trainer {
   // gather buffers.
   ParamStore::Memory memory() const;
 
+  // The settings besides the model that decide the trajectory, "flag=value ..." with a hash of the text
+  // (CheckpointMeta::training).
+  std::string training_settings() const;
+
   // Checkpoints: collective; save returns the directory written. resume throws if the checkpoint does not fit.
   std::string save(const std::string& root, int keep, const std::function<void()>& die_midway = {});
   void resume(const std::string& dir);

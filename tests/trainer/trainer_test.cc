@@ -513,11 +513,14 @@ TEST_F(Cli, HalfDeletedCheckpointsAreNeverResumedAndAreCleanedUp) {
   fs::remove(ck / "step-00000006.del/rank-0.bin");
   fs::create_directory(ck / "step-00000008");
   fs::copy_file(ck / "step-00000004/rank-0.bin", ck / "step-00000008/rank-0.bin");
+  // And what a fresh --overwrite cut short leaves: the old checkpoints directory renamed away, half deleted.
+  fs::create_directories(dir_ / "run/checkpoints.del/step-00000002");
   r = trainer(0, "run", "--steps 7 --ckpt-every 2 --keep 3 --resume");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("resumed from " + (ck / "step-00000004").string()), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(ck / "step-00000006.del"));
   EXPECT_FALSE(fs::exists(ck / "step-00000008"));
+  EXPECT_FALSE(fs::exists(dir_ / "run/checkpoints.del"));
   // Pruning beyond --keep 1 leaves only the newest, and no .del behind.
   r = trainer(0, "run", "--steps 9 --ckpt-every 1 --keep 1 --resume");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -562,36 +565,61 @@ TEST_F(Cli, ResumingWithOtherTrainingFlagsIsRefusedNamingThem) {
   EXPECT_EQ(r.code, 0) << r.out;
 }
 
-// Every rank must get the same command line; a rank started with another flag is refused before training (it used
-// to train on mixed settings, exit 0).
-TEST_F(Cli, RanksStartedWithOtherArgumentsAreRefused) {
-  const std::string args = " --data " + data_ + " --out " + (dir_ / "run").string() +
-                           " --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2 --d-expert 32"
-                           " --batch 4 --eval-seqs 8 --steps 2 --no-plot";
-  Result r = chorus::test::run("CHORUS_TIMEOUT_MS=30000 " + std::string(CHORUSRUN) +
-                               " -n 2 --timeout 120 sh -c 'if [ \"$CHORUS_RANK\" = 1 ]; then X=\"--seed 5\"; fi; "
-                               "exec " +
-                               CHORUS_TRAINER + args + " $X'");
+// Every rank must get the same options (paths compared as absolute paths); a rank started with another is refused
+// before training, naming the option (it used to train on mixed settings, exit 0).
+TEST_F(Cli, RanksStartedWithOtherOptionsAreRefused) {
+  const std::string model =
+      " --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2 --d-expert 32"
+      " --batch 4 --eval-seqs 8 --no-plot --ckpt-every 2";
+  const std::string launch = "CHORUS_TIMEOUT_MS=30000 " + std::string(CHORUSRUN) + " -n 2 --timeout 120 ";
+  Result r =
+      chorus::test::run(launch + "sh -c 'if [ \"$CHORUS_RANK\" = 1 ]; then X=\"--seed 5\"; fi; exec " + CHORUS_TRAINER +
+                        " --data " + data_ + " --out " + (dir_ / "run").string() + model + " --steps 2 $X'");
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("rank 1 was started with other arguments than rank 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 was started with another --seed than rank 0 (rank 0: '1')"), std::string::npos) << r.out;
+  // One relative --out under two working directories is two directories.
+  fs::create_directories(dir_ / "a");
+  fs::create_directories(dir_ / "b");
+  r = chorus::test::run(launch + "sh -c 'if [ \"$CHORUS_RANK\" = 0 ]; then cd " + (dir_ / "a").string() + "; else cd " +
+                        (dir_ / "b").string() + "; fi; exec " + CHORUS_TRAINER + " --data " + data_ + " --out run" +
+                        model + " --steps 2'");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rank 1 was started with another --out than rank 0"), std::string::npos) << r.out;
 }
 
-// Ranks that see different checkpoints (here: other working directories, --out relative) are refused before they
-// load (they used to load steps 4 and 2 and wait on each other until the timeout).
-TEST_F(Cli, RanksThatSeeDifferentCheckpointsAreRefused) {
-  const std::string cmd = std::string(CHORUS_TRAINER) + " --data " + data_ +
-                          " --out run --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2"
-                          " --d-expert 32 --batch 4 --eval-seqs 8 --no-plot --ckpt-every 2";
+// Ranks that see other checkpoints under the same path (a file system not shared between hosts; here rank 1 runs in
+// a mount namespace where another directory is mounted over the run's) are refused before anything is loaded or
+// deleted (they used to load steps 4 and 2 and wait on each other until the timeout, or wait in a barrier the
+// others skipped). Needs root for the mount namespace.
+TEST_F(Cli, RanksThatSeeOtherCheckpointsAreRefused) {
+  if (geteuid() != 0 || chorus::test::run("unshare -m true").code != 0)
+    GTEST_SKIP() << "needs root and unshare(1) for a mount namespace";
+  const std::string cmd = std::string(CHORUS_TRAINER) + " --data " + data_ + " --out " + (dir_ / "run").string() +
+                          " --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2 --d-expert 32"
+                          " --batch 4 --eval-seqs 8 --no-plot --ckpt-every 2";
   const std::string launch = "CHORUS_TIMEOUT_MS=30000 " + std::string(CHORUSRUN) + " -n 2 --timeout 120 ";
-  fs::create_directories(dir_ / "a");
-  Result r = chorus::test::run("cd " + (dir_ / "a").string() + " && " + launch + cmd + " --steps 4");
+  Result r = chorus::test::run(launch + cmd + " --steps 4");
   ASSERT_EQ(r.code, 0) << r.out;
-  fs::copy(dir_ / "a", dir_ / "b", fs::copy_options::recursive);
-  fs::remove_all(dir_ / "b/run/checkpoints/step-00000004");
-  r = chorus::test::run(launch + "sh -c 'if [ \"$CHORUS_RANK\" = 0 ]; then cd " + (dir_ / "a").string() + "; else cd " +
-                        (dir_ / "b").string() + "; fi; exec " + cmd + " --steps 6 --resume'");
-  EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("rank 0 resumes from step 4 but rank 1 from step 2"), std::string::npos) << r.out;
+  fs::copy(dir_ / "run", dir_ / "other", fs::copy_options::recursive);
+  fs::remove_all(dir_ / "other/checkpoints/step-00000004");
+  // Rank 1 sees "other" at the run's path.
+  const std::string script = (dir_ / "ranks.sh").string();
+  std::ofstream(script) << "if [ \"$CHORUS_RANK\" = 1 ]; then\n"
+                        << "  exec unshare -m sh -c \"mount --bind " << (dir_ / "other").string() << " "
+                        << (dir_ / "run").string() << " && exec " << cmd << " --steps 6 $1\"\n"
+                        << "fi\n"
+                        << "exec " << cmd << " --steps 6 $1\n";
+  for (const std::string& mode : {std::string("--resume"), std::string("--overwrite")}) {
+    r = chorus::test::run(launch + "sh " + script + " " + mode);
+    EXPECT_NE(r.code, 0) << mode << ": " << r.out;
+    EXPECT_NE(r.out.find(mode == "--resume" ? "rank 0 resumes from step 4 but rank 1 from step 2"
+                                            : "rank 1 sees other checkpoints under"),
+              std::string::npos)
+        << mode << ": " << r.out;
+  }
+  // Nothing was deleted or written by either.
+  EXPECT_TRUE(fs::exists(dir_ / "run/checkpoints/step-00000004/meta.txt"));
+  EXPECT_TRUE(fs::exists(dir_ / "run/checkpoints/step-00000002/meta.txt"));
 }
 
 // Writing the loss curve can fail (disk full, a directory in the way): an error, not "loss curve: ..." and exit 0.
