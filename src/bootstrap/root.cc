@@ -3,8 +3,10 @@
 #include <openssl/crypto.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -883,7 +885,12 @@ namespace {
 // first): at exit, wait for every joined rank to say goodbye or die, for at most CHORUS_TIMEOUT_MS. Only when no
 // communicator of this process is still alive: those would say goodbye after this handler, so waiting for them
 // could only time out.
+// The process whose threads serve the roots started here: a child forked from it inherits this handler and the
+// registry's counts, but not the service threads that would bring them down, so it must not wait for them.
+std::atomic<pid_t> g_root_process{0};
+
 void wait_for_roots_at_exit() {
+  if (getpid() != g_root_process.load()) return;
   if (bootstraps_alive() > 0) return;
   int64_t ms = 300000;
   try {
@@ -905,6 +912,16 @@ sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& sec
     OPENSSL_init_crypto(OPENSSL_INIT_LOAD_CONFIG, nullptr);
     std::atexit(wait_for_roots_at_exit);
   });
+  {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    if (g_root_process.load() != getpid()) {
+      // The first root of this process (or of a child forked after its parent served some): the counts it
+      // inherited belong to service threads that do not run here.
+      registry().busy = registry().running = 0;
+      registry().serving.clear();
+      g_root_process = getpid();
+    }
+  }
   Socket listener = Socket::listen(bind_addr);
   sockaddr_storage bound = listener.local_addr();
   auto service = std::make_shared<RootService>(std::move(listener), secret, options);

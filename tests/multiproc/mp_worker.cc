@@ -17,12 +17,14 @@
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -414,11 +416,36 @@ int main(int argc, char** argv) {
       }
       rc = smoke("smoke: second communicator completed");
     }
+  } else if (mode == "fork-exit") {
+    // Rank 0 serves the rendezvous (torchrun's variables) and destroys its communicator while rank 1 is still
+    // connected; then a child it forks exits. The child inherited the exit handler that waits for the rendezvous
+    // service's connected ranks, but not the service's threads: it must not wait (it used to wait until
+    // CHORUS_TIMEOUT_MS). Rank 1 says goodbye only once the child is gone (CHORUS_TEST_FLAG appears).
+    const char* flag = std::getenv("CHORUS_TEST_FLAG");
+    std::vector<float> v(8, 1.0f);
+    res = chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, comm, nullptr);
+    rc = res == chorusSuccess && v[0] == static_cast<float>(g_n) && flag ? 0 : 1;
+    if (rc == 0 && g_rank == 1) {
+      for (int i = 0; i < 1200 && !std::filesystem::exists(flag); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } else if (rc == 0 && g_rank == 0) {
+      chorusCommDestroy(comm);
+      comm = nullptr;
+      const auto t0 = std::chrono::steady_clock::now();
+      const pid_t child = fork();
+      if (child == 0) std::exit(0);  // runs the atexit handlers
+      int status = 0;
+      waitpid(child, &status, 0);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (FILE* f = std::fopen(flag, "w")) std::fclose(f);
+      std::printf("fork-exit: the child exited after %.1f s\n", s);
+      rc = WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+    }
   } else {
     std::printf("FAIL unknown mode %s\n", mode.c_str());
   }
   if (idle_fd >= 0) close(idle_fd);
   // After a failure the communicator is broken; destroy still frees it.
-  chorusCommDestroy(comm);
+  if (comm) chorusCommDestroy(comm);
   return rc;
 }

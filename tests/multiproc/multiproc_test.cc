@@ -177,6 +177,24 @@ TEST_P(TorchrunEnvironment, TwoRanksStartedByHand) {
 INSTANTIATE_TEST_SUITE_P(Launcher, TorchrunEnvironment, ::testing::Values("127.0.0.1", "::1"),
                          [](const auto& info) { return std::string(info.index == 0 ? "ipv4" : "ipv6"); });
 
+// A child forked by the process that serves the rendezvous exits at once, although a rank is still connected to the
+// service: the exit handler that waits for connected ranks belongs to the process whose threads serve them (helper-61
+// found the child waiting out CHORUS_TIMEOUT_MS, here 60 s; the bound below is that timeout's half, not a speed).
+TEST(Bootstrap, AChildForkedByTheRendezvousHostExitsWithoutWaitingForItsRanks) {
+  const std::string pid = std::to_string(getpid());
+  const std::string flag = "/tmp/chorus_fork_exit_" + pid, log0 = "/tmp/chorus_fork_exit0_" + pid + ".log";
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(31000 + getpid() % 1000) +
+                          " WORLD_SIZE=2 TORCHELASTIC_RUN_ID=fork" + pid +
+                          " CHORUS_TIMEOUT_MS=60000 CHORUS_TEST_FLAG=" + flag;
+  Result r = run("sh -c '" + env + " RANK=0 LOCAL_RANK=0 " + MP_WORKER + " fork-exit > " + log0 + " 2>&1 & " + env +
+                 " RANK=1 LOCAL_RANK=1 " + MP_WORKER + " fork-exit; s1=$?; wait $!; s0=$?; cat " + log0 + "; rm -f " +
+                 log0 + " " + flag + "; exit $((s0 + s1))'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  const size_t at = r.out.find("the child exited after ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_LT(std::stod(r.out.substr(at + 23)), 30.0) << r.out;
+}
+
 TEST(Launcher, ChorusrunPrefixesLinesAndFailsWhenARankFails) {
   Result r = run(std::string(CHORUSRUN) + " -n 3 sh -c 'echo hello $CHORUS_RANK; [ $CHORUS_RANK != 1 ] || exit 7'");
   EXPECT_EQ(r.code, 7) << r.out;

@@ -1712,6 +1712,21 @@ TEST(CppApi, CommAndRequests) {
       EXPECT_EQ(full[5], 1);
       EXPECT_THROW(comm.all_reduce(std::span<float>(y), chorus::Op::Sum, chorus::CallOptions{"nope"}),
                    chorus::CommError);
+      // Out of place the element type comes from `out`: `in` may be a span of non-const elements or a vector
+      // (std::span<const T> alone could not be deduced from them).
+      std::vector<float> z(1000);
+      comm.all_reduce(std::span<float>(y), std::span<float>(z));
+      EXPECT_EQ(z[0], 18.0f);
+      comm.all_gather(shard, std::span<int32_t>(full));
+      EXPECT_EQ(full[8], 2);
+      comm.iall_reduce(z, std::span<float>(y)).wait();
+      EXPECT_EQ(y[999], 54.0f);
+      if (r == 0) comm.send(std::span<float>(y).first(2), 1);
+      if (r == 1) {
+        std::vector<float> got(2);
+        comm.recv(std::span<float>(got), 0);
+        EXPECT_EQ(got[1], 54.0f);
+      }
       // All-to-allv: rank r sends j + 1 copies of (10 * r + j) to rank j.
       std::vector<size_t> sc(3), sd(3), rc(3), rd(3);
       std::vector<int32_t> vin, vout;
