@@ -6,6 +6,7 @@ namespace {
 
 class AllGather final : public Collective {
  public:
+  bool compressible() const override { return true; }
   const char* name() const override { return "all_gather"; }
   Layout layout(size_t bytes, size_t ts, int nranks) const override { return gathered_layout(bytes, ts, nranks); }
   // In place, each rank's input already sits in its own block of the output.

@@ -6,6 +6,7 @@ namespace {
 
 class AllReduce final : public AllReduceShape {
  public:
+  bool compressible() const override { return true; }
   void run(const OpArgs& a) const override {
     check_chorus(chorusAllReduceEx(a.send, a.recv, a.count, a.dtype, a.redop, a.options, a.comm, nullptr),
                  "chorusAllReduce", a.comm, a.rank);

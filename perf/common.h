@@ -129,8 +129,8 @@ class Collective {
   virtual const char* name() const = 0;  // e.g. "all_reduce"
   virtual bool reduces() const { return false; }
   virtual bool rooted() const { return false; }
-  // Whether -Z applies: the call takes collective options (point-to-point takes none).
-  virtual bool compressible() const { return true; }
+  // Whether -Z applies: the library compresses all-reduce, reduce-scatter and all-gather.
+  virtual bool compressible() const { return false; }
   virtual Layout layout(size_t bytes, size_t type_size, int nranks) const = 0;
   // In place, input and output share one buffer of max(send_count, recv_count) elements; these are their offsets.
   virtual size_t inplace_send_offset(const Layout& l, int rank) const { return 0; }

@@ -6,6 +6,7 @@ namespace {
 
 class ReduceScatter final : public Collective {
  public:
+  bool compressible() const override { return true; }
   const char* name() const override { return "reduce_scatter"; }
   bool reduces() const override { return true; }
   Layout layout(size_t bytes, size_t ts, int nranks) const override { return scattered_layout(bytes, ts, nranks); }

@@ -7,7 +7,6 @@ namespace {
 class SendRecv final : public Collective {
  public:
   const char* name() const override { return "sendrecv"; }
-  bool compressible() const override { return false; }
   Layout layout(size_t bytes, size_t ts, int) const override {
     const size_t count = bytes / ts;
     return {count, count, count, count * ts, count};
