@@ -25,6 +25,7 @@
 // Rank 0 writes the file atomically (a temporary beside it, renamed over it) and prints a table.
 #include <chorus/chorus.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -537,14 +538,20 @@ void write_atomically(const std::string& path, const std::string& text) {
 bool output_writable(Job& job, const std::string& path) {
   int32_t ok = 1;
   if (job.rank() == 0) {
+    struct stat st {};
     const std::string probe = cat(path, ".tmp.", getpid());
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      std::fprintf(stderr, "chorus-tune: cannot write %s: %s\n", probe.c_str(), std::strerror(errno));
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      std::fprintf(stderr, "chorus-tune: -o %s is a directory (give a file name)\n", path.c_str());
       ok = 0;
     } else {
-      ::close(fd);
-      std::remove(probe.c_str());
+      const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        std::fprintf(stderr, "chorus-tune: cannot write %s: %s\n", probe.c_str(), std::strerror(errno));
+        ok = 0;
+      } else {
+        ::close(fd);
+        std::remove(probe.c_str());
+      }
     }
   }
   job.broadcast(&ok, 1, chorusInt32, 0);

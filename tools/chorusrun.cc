@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -240,7 +241,7 @@ int main(int argc, char** argv) {
       case 't': {
         char* end = nullptr;
         timeout_s = std::strtod(optarg, &end);
-        if (*end != '\0' || timeout_s <= 0) {
+        if (*end != '\0' || !(timeout_s > 0) || !std::isfinite(timeout_s) || timeout_s > 1e9) {
           std::fprintf(stderr, "chorusrun: --timeout %s: expected a positive number of seconds\n", optarg);
           return 2;
         }
@@ -372,6 +373,11 @@ int main(int argc, char** argv) {
 
   const auto start = std::chrono::steady_clock::now();
   int exit_code = 0, first_failed = -1, running = n;
+  // The first rank that ended well while others ran, and when: ranks finish at different times, but one that left
+  // before the others joined or finished a call with it leaves them waiting until their timeout (below).
+  int first_done = -1;
+  bool first_done_noted = false;
+  std::chrono::steady_clock::time_point first_done_at;
   bool stopping = false, signalled = false;  // signalled: chorusrun has sent its ranks a signal
   auto stop_all = [&](int sig) {
     signalled = true;
@@ -429,6 +435,9 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "chorusrun: rank %d %s %d; stopping the other ranks\n", r,
                        WIFEXITED(status) ? "exited with code" : "was killed by signal",
                        WIFEXITED(status) ? code : WTERMSIG(status));
+        } else if (code == 0 && running > 0 && first_done < 0) {
+          first_done = r;
+          first_done_at = std::chrono::steady_clock::now();
         } else if (WIFSIGNALED(status) && !signalled) {
           // A second rank dying on its own (not stopped by chorusrun) is a failure of its own: say so, since it
           // may print nothing (SIGKILL, SIGSEGV).
@@ -451,6 +460,14 @@ int main(int argc, char** argv) {
         break;
       }
       continue;
+    }
+    if (first_done >= 0 && !first_done_noted && first_failed < 0 && !stopping &&
+        now - first_done_at > std::chrono::seconds(5)) {
+      first_done_noted = true;
+      std::fprintf(stderr,
+                   "chorusrun: rank %d exited with code 0 over 5 s ago and %d rank(s) still run; if they wait for "
+                   "it, their error at CHORUS_TIMEOUT_MS will name it\n",
+                   first_done, running);
     }
     if (!stopping && (first_failed >= 0 || g_signal != 0 || past_timeout)) {
       if (first_failed < 0) {

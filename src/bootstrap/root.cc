@@ -272,7 +272,10 @@ class RootService {
     std::vector<pollfd> pfds;
     for (;;) {
       pfds.clear();
-      if (listener_.valid() && accept_pause_.passed()) pfds.push_back({listener_.fd(), POLLIN, 0});
+      // At max_pending connections authenticating, the next ones wait in the listen backlog (the kernel's, bounded)
+      // until some are through: a flood cannot exhaust descriptors, and a job of more ranks than that still joins.
+      if (listener_.valid() && accept_pause_.passed() && authenticating() < options_.max_pending)
+        pfds.push_back({listener_.fd(), POLLIN, 0});
       const size_t base = pfds.size();
       const size_t polled = conns_.size();
       for (const auto& c : conns_) {
@@ -327,8 +330,15 @@ class RootService {
     return ms;
   }
 
+  int authenticating() const {
+    return static_cast<int>(std::count_if(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& x) {
+      return x->state == ConnState::Authenticating;
+    }));
+  }
+
   void accept_all() {
     for (;;) {
+      if (authenticating() >= options_.max_pending) return;  // the rest wait in the backlog (loop())
       sockaddr_storage peer{};
       Socket s;
       try {
@@ -345,14 +355,6 @@ class RootService {
       auto c = std::make_unique<Conn>();
       c->sock = std::move(s);
       c->peer = sockaddr_to_string(peer);
-      int pending = static_cast<int>(std::count_if(conns_.begin(), conns_.end(), [](const std::unique_ptr<Conn>& x) {
-        return x->state == ConnState::Authenticating;
-      }));
-      if (pending >= options_.max_pending) {
-        CHORUS_WARN(Bootstrap, "root %s: refused connection from %s: %d connections are already authenticating",
-                    addr_.c_str(), c->peer.c_str(), pending);
-        continue;  // the Socket closes it
-      }
       c->auth = std::make_unique<AuthServer>(secret_);
       c->deadline = Deadline::after_ms(options_.auth_timeout_ms);
       CHORUS_TRACE(Bootstrap, "root %s: connection from %s", addr_.c_str(), c->peer.c_str());

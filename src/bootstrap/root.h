@@ -86,7 +86,8 @@ std::vector<Blob> decode_blobs(std::span<const uint8_t> payload, size_t count);
 struct RootOptions {
   // A connection must authenticate and send Join within this time, else it is closed and logged.
   int auth_timeout_ms = 5000;
-  // Connections allowed to be authenticating at once; more are closed at once (a flood cannot exhaust fds).
+  // Connections allowed to be authenticating at once; more wait in the listen backlog until some are through (a
+  // flood cannot exhaust descriptors).
   int max_pending = 256;
   // The secret is this rendezvous's own (chorusGetUniqueId, a split): once nobody can join, a join from this
   // process that reuses it is refused at once (root_closed_here). False for a launcher's secret, which a process

@@ -47,7 +47,7 @@ class Socket {
 
   // A listening socket bound to `addr` (port 0 = an ephemeral port; read it back with local_addr()), with
   // SO_REUSEADDR. Non-blocking. Throws chorusSystemError naming the address when it cannot be bound.
-  static Socket listen(const sockaddr_storage& addr, int backlog = 128);
+  static Socket listen(const sockaddr_storage& addr, int backlog = 4096);  // capped by net.core.somaxconn
   // Connects to `addr`, retrying refused and timed-out attempts with a short backoff until `deadline` (the peer
   // may not be listening yet). Throws chorusSystemError naming the address and the last OS error when the
   // deadline passes or on an error that retrying cannot fix. The returned socket is non-blocking, TCP_NODELAY.

@@ -596,6 +596,30 @@ TEST(Bootstrap, StrangersAreRefusedWhileTheJobCompletes) {
   EXPECT_TRUE(contains(log, cat("refused connection from ", idle_addr, ": it did not authenticate within 300 ms")));
 }
 
+// More connections than max_pending at once (a job of more ranks than that, or strangers holding the slots) wait in
+// the listen backlog instead of being closed: every rank joins (a 600-thread perf tool used to lose the 257th and
+// the others waited until their timeout).
+TEST(Bootstrap, ConnectionsBeyondMaxPendingWaitTheirTurn) {
+  UniqueIdData id;
+  id.secret = random_secret();
+  RootOptions options;
+  options.auth_timeout_ms = 300;
+  options.max_pending = 2;
+  id.root = start_root(loopback(), id.secret, options);
+  ::testing::internal::CaptureStderr();
+  // Two idle strangers take both slots until their authentication deadline.
+  Socket idle1 = Socket::connect(id.root, Deadline::after_ms(2000));
+  Socket idle2 = Socket::connect(id.root, Deadline::after_ms(2000));
+  run_ranks(6, [&](int r) {
+    auto bs = Bootstrap::join(id, r, 6, blob_of(cat(r)), Deadline::after_ms(10000));
+    for (int p = 0; p < 6; ++p) EXPECT_EQ(str_of(bs->peer_info()[p]), cat(p));
+    bs->barrier(0, Deadline::after_ms(10000));
+    EXPECT_FALSE(bs->failed());
+  });
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(log, "it did not authenticate within 300 ms")) << log;
+}
+
 TEST(Bootstrap, WrongSecretIsRefused) {
   UniqueIdData id = quick_root();
   UniqueIdData wrong = id;
