@@ -177,8 +177,8 @@ int main(int argc, char** argv) {
       synthetic_given = true;
       char* end = nullptr;
       net_gbps = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !(net_gbps >= 0))
-        usage_error(cat("--net-gbps '", value, "' must be a number >= 0"));
+      if (value.empty() || *end != '\0' || !(net_gbps >= 0) || !std::isfinite(net_gbps * 1e9))
+        usage_error(cat("--net-gbps '", value, "' must be a finite number >= 0"));
     } else if (flag == "--algo") {
       algo = value;
     } else if (flag == "--nchannels") {
@@ -260,9 +260,16 @@ int main(int argc, char** argv) {
     if (rooted(coll) && root >= n) usage_error(cat("--root ", root, " is out of range for ", n, " ranks"));
 
     SimOptions sim;
-    sim.slice_bytes = static_cast<size_t>(slice_bytes > 0 ? slice_bytes : param_int(Param::SliceBytes));
-    sim.fifo_depth = static_cast<int>(fifo_depth > 0 ? fifo_depth : param_int(Param::FifoDepth));
-    const int nch = static_cast<int>(nchannels > 0 ? nchannels : param_int(Param::NChannels));
+    // The environment's settings, checked as a communicator checks them (a flag given instead is checked above):
+    // a bad one is a usage error, as a bad flag.
+    int nch = 0;
+    try {
+      sim.slice_bytes = slice_bytes > 0 ? static_cast<size_t>(slice_bytes) : slice_bytes_setting();
+      sim.fifo_depth = fifo_depth > 0 ? static_cast<int>(fifo_depth) : fifo_depth_setting();
+      nch = nchannels > 0 ? static_cast<int>(nchannels) : nchannels_setting();
+    } catch (const Error& e) {
+      usage_error(e.what());
+    }
     AlgoOverrides overrides;
     const char* spec = std::getenv("CHORUS_ALGO");
     if (spec && *spec) overrides = parse_algo_overrides(spec);

@@ -114,19 +114,9 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
     : rank_(rank), nranks_(nranks), secret_(id.secret) {
   if (nranks < 1) bad_arg(cat("nranks=", nranks, " must be at least 1"));
   if (rank < 0 || rank >= nranks) bad_arg(cat("rank=", rank, " is out of range [0, ", nranks, ")"));
-  slice_bytes_ = static_cast<size_t>(param_int(Param::SliceBytes));
-  if (slice_bytes_ < 64 || slice_bytes_ > (size_t{1} << 30))
-    bad_arg(cat("CHORUS_SLICE_BYTES=", slice_bytes_, " must be between 64 and 1G"));
-  const int64_t depth = param_int(Param::FifoDepth);
-  // A power of two keeps slot = counter % depth consistent when the 32-bit counters wrap.
-  if (depth < 2 || depth > 64 || (depth & (depth - 1)) != 0)
-    bad_arg(cat("CHORUS_FIFO_DEPTH=", depth,
-                " must be a power of two between 2 and 64 (steps that receive and send "
-                "need 2)"));
-  fifo_depth_ = static_cast<int>(depth);
-  const int64_t nch = param_int(Param::NChannels);
-  if (nch < 1 || nch > 32) bad_arg(cat("CHORUS_NCHANNELS=", nch, " must be between 1 and 32"));
-  nchannels_ = static_cast<int>(nch);
+  slice_bytes_ = slice_bytes_setting();
+  fifo_depth_ = fifo_depth_setting();
+  nchannels_ = nchannels_setting();
   timeout_ms_ = param_int(Param::TimeoutMs);
   const int64_t yield = param_int(Param::YieldUs);
   if (yield < 0 || yield > 10000000) bad_arg(cat("CHORUS_YIELD_US=", yield, " must be between 0 and 1e7"));

@@ -135,4 +135,27 @@ int64_t param_int(Param p) {
   return v;
 }
 
+size_t slice_bytes_setting() {
+  const int64_t v = param_int(Param::SliceBytes);
+  if (v < 64 || v > (int64_t{1} << 30))
+    throw Error(chorusInvalidArgument, Subsys::Core, cat("CHORUS_SLICE_BYTES=", v, " must be between 64 and 1G"));
+  return static_cast<size_t>(v);
+}
+
+int fifo_depth_setting() {
+  const int64_t depth = param_int(Param::FifoDepth);
+  if (depth < 2 || depth > 64 || (depth & (depth - 1)) != 0)
+    throw Error(chorusInvalidArgument, Subsys::Core,
+                cat("CHORUS_FIFO_DEPTH=", depth,
+                    " must be a power of two between 2 and 64 (steps that receive and send need 2)"));
+  return static_cast<int>(depth);
+}
+
+int nchannels_setting() {
+  const int64_t nch = param_int(Param::NChannels);
+  if (nch < 1 || nch > 32)
+    throw Error(chorusInvalidArgument, Subsys::Core, cat("CHORUS_NCHANNELS=", nch, " must be between 1 and 32"));
+  return static_cast<int>(nch);
+}
+
 }  // namespace chorus

@@ -54,6 +54,14 @@ std::string param_str(Param p);
 int64_t param_int(Param p);
 bool param_is_set(Param p);
 
+// The settings that shape programs, read and checked as the communicator takes them (chorus-plan uses the same):
+// CHORUS_SLICE_BYTES in [64, 1G]; CHORUS_FIFO_DEPTH a power of two in [2, 64] (steps that receive and send need 2;
+// slot = counter % depth must stay consistent when 32-bit counters wrap); CHORUS_NCHANNELS in [1, 32]. Throw
+// chorus::Error (InvalidArgument) naming the variable and the range.
+size_t slice_bytes_setting();
+int fifo_depth_setting();
+int nchannels_setting();
+
 // Parses "64", "64K", "4M", "1G" (powers of 1024). Throws InvalidArgument naming `what` on bad text.
 int64_t parse_size(const std::string& text, const char* what);
 

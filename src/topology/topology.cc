@@ -2,6 +2,7 @@
 // chorus-info prints. Discovery of the real machine is in discover.cc.
 #include "topology/topology.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -268,8 +269,8 @@ class Reader {
   }
 
   // "links": {"<class>": {"alpha_us": x, "bandwidth_GBps": y, "overhead_us": z}, ...}: sets the fields present.
-  // `strict`: unknown fields are errors and values must be >= 0 (topology files); else unknown fields are ignored and
-  // values must be > 0 (tuning files, written by a tool that may record more).
+  // Unknown fields of a class are errors. `strict`: values must be >= 0 (topology files); else > 0 (tuning files,
+  // measured costs).
   void links(const Json& j, std::array<LinkParams, kLinkClasses>& out, bool strict) const {
     object(j, "links");
     for (auto it = j.begin(); it != j.end(); ++it) {
@@ -279,13 +280,20 @@ class Reader {
       while (c < kLinkClasses && it.key() != kLinkNames[c]) ++c;
       if (c == kLinkClasses) fail(path, cat("unknown link class (known: ", link_name_list(), ")"));
       const Json& lj = object(it.value(), path);
-      if (strict) only(lj, path, {"alpha_us", "bandwidth_GBps", "overhead_us"});
+      // Both kinds of file: a misspelt field is an error, not a cost silently left at its default.
+      only(lj, path, {"alpha_us", "bandwidth_GBps", "overhead_us"});
       LinkParams& lp = out[static_cast<size_t>(c)];
-      if (const Json* a = find(lj, "alpha_us")) lp.alpha_s = us_to_s(value(*a, join(path, "alpha_us"), strict));
+      // In units of seconds and bytes per second, a value must still be finite (1e300 GB/s is not).
+      auto finite = [&](double v, const char* key) {
+        if (!std::isfinite(v)) fail(join(path, key), "is out of range");
+        return v;
+      };
+      if (const Json* a = find(lj, "alpha_us"))
+        lp.alpha_s = finite(us_to_s(value(*a, join(path, "alpha_us"), strict)), "alpha_us");
       if (const Json* b = find(lj, "bandwidth_GBps"))
-        lp.bandwidth_Bps = gbps_to_bps(value(*b, join(path, "bandwidth_GBps"), strict));
+        lp.bandwidth_Bps = finite(gbps_to_bps(value(*b, join(path, "bandwidth_GBps"), strict)), "bandwidth_GBps");
       if (const Json* o = find(lj, "overhead_us"))
-        lp.overhead_s = us_to_s(value(*o, join(path, "overhead_us"), strict));
+        lp.overhead_s = finite(us_to_s(value(*o, join(path, "overhead_us"), strict)), "overhead_us");
     }
   }
 
@@ -294,6 +302,9 @@ class Reader {
 };
 
 std::string read_text(const std::string& path, const char* what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw Error(chorusSystemError, Subsys::Topology, cat(what, " ", path, ": is a directory, not a file"));
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw Error(chorusSystemError, Subsys::Topology, cat(what, " ", path, ": cannot open: ", std::strerror(errno)));
@@ -812,6 +823,8 @@ void apply_tune_file(Topology& t, const std::string& path) {
   double reduce = t.reduce_Bps, copy = t.copy_Bps;
   if (const Json* j = Reader::find(root, "reduce_GBps")) reduce = gbps_to_bps(rd.value(*j, "reduce_GBps", false));
   if (const Json* j = Reader::find(root, "copy_GBps")) copy = gbps_to_bps(rd.value(*j, "copy_GBps", false));
+  if (!std::isfinite(reduce)) rd.fail("reduce_GBps", "is out of range");
+  if (!std::isfinite(copy)) rd.fail("copy_GBps", "is out of range");
   // Applied only when the whole file is good.
   t.links = links;
   t.reduce_Bps = reduce;

@@ -448,6 +448,24 @@ TEST(PerfTools, RunsOfChunksAreRightWithManySlicesAFoldedRankAndTwoChannels) {
 
 // chorus-plan --choice-only decides as the library does: a named algorithm is generated, not simulated, and its
 // row says so ("named", not the "n/a" of an algorithm that does not apply); unnamed, the cost model decides.
+// The settings the environment gives are checked as a communicator checks them (chorus-plan used to plan with a
+// slice of 1 B or a FIFO depth of 3, which no communicator takes), and bad ones are usage errors naming them.
+TEST(ChorusPlan, SettingsFromTheEnvironmentAreCheckedAsTheLibraryChecksThem) {
+  const std::string plan = std::string(CHORUS_PLAN) + " --coll allreduce --bytes 1M";
+  for (const auto& [env, text] : std::vector<std::pair<std::string, std::string>>{
+           {"CHORUS_SLICE_BYTES=1", "CHORUS_SLICE_BYTES=1 must be between 64 and 1G"},
+           {"CHORUS_SLICE_BYTES=16G", "CHORUS_SLICE_BYTES=17179869184 must be between 64 and 1G"},
+           {"CHORUS_FIFO_DEPTH=3", "CHORUS_FIFO_DEPTH=3 must be a power of two between 2 and 64"},
+           {"CHORUS_NCHANNELS=0", "CHORUS_NCHANNELS=0 must be between 1 and 32"}}) {
+    Result r = run(env + " " + plan);
+    EXPECT_EQ(r.code, 2) << env << ": " << r.out;
+    EXPECT_NE(r.out.find(text), std::string::npos) << env << ": " << r.out;
+  }
+  Result net = run(plan + " --nranks 4 --hosts 2 --net-gbps inf");
+  EXPECT_EQ(net.code, 2) << net.out;
+  EXPECT_NE(net.out.find("--net-gbps 'inf' must be a finite number >= 0"), std::string::npos) << net.out;
+}
+
 TEST(ChorusPlan, ChoiceOnlyShowsANamedAlgorithmAsNamed) {
   const std::string plan = std::string(CHORUS_PLAN) + " --coll alltoall --bytes 1024 --nranks 8 --choice-only";
   Result named = run(plan + " --algo bruck");

@@ -498,7 +498,7 @@ TEST(Topology, TuneFileOverrides) {
   Topology t = load_file(example("emu-2x2.json"));
   const Topology before = t;
   TempFile f("tune.json", R"({"version": 1, "tool": "chorus-tune", "measured_at": "2026-12-01",
-      "links": {"same_numa": {"alpha_us": 1.5, "bandwidth_GBps": 7.25, "samples": 20},
+      "links": {"same_numa": {"alpha_us": 1.5, "bandwidth_GBps": 7.25},
                 "network": {"alpha_us": 55, "overhead_us": 4.5}},
       "reduce_GBps": 9.5})");
   apply_tune_file(t, f.path);
@@ -531,6 +531,19 @@ TEST(Topology, TuneFileOverrides) {
   const std::string msg4 = error_of([&] { apply_tune_file(u, m.path); });
   EXPECT_NE(msg4.find(cat("tune file ", m.path, ": not valid JSON")), std::string::npos) << msg4;
   EXPECT_EQ(u, before);
+  // A misspelt cost is an error (it used to be ignored, the default standing in for it), and so is a cost that is
+  // finite in the file but not in seconds or bytes per second.
+  TempFile n("badtune5.json", R"({"links": {"same_numa": {"alpha_uss": 3}}})");
+  const std::string msg5 = error_of([&] { apply_tune_file(u, n.path); });
+  EXPECT_NE(msg5.find(cat("tune file ", n.path, ": links.same_numa.alpha_uss: unknown field")), std::string::npos)
+      << msg5;
+  TempFile o("badtune6.json", R"({"links": {"network": {"bandwidth_GBps": 1e300}}})");
+  const std::string msg6 = error_of([&] { apply_tune_file(u, o.path); });
+  EXPECT_NE(msg6.find(cat("tune file ", o.path, ": links.network.bandwidth_GBps: is out of range")), std::string::npos)
+      << msg6;
+  EXPECT_EQ(u, before);
+  const std::string dir = error_of([&] { apply_tune_file(u, "/tmp"); }, chorusSystemError);
+  EXPECT_NE(dir.find("tune file /tmp: is a directory, not a file"), std::string::npos) << dir;
   error_of([&] { apply_tune_file(u, "/nonexistent-dir/tune.json"); }, chorusSystemError);
 }
 
