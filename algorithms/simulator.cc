@@ -326,8 +326,8 @@ class Sim {
     egress_inv_.resize(nh);
     ingress_inv_.resize(nh);
     for (size_t h = 0; h < nh; ++h) {
-      egress_inv_[h] = inverse(topo.egress_limit_Bps(static_cast<int>(h)));
-      ingress_inv_[h] = inverse(topo.ingress_limit_Bps(static_cast<int>(h)));
+      egress_inv_[h] = inverse(topo.hosts[h].net_egress_Bps);
+      ingress_inv_[h] = inverse(topo.hosts[h].net_ingress_Bps);
     }
     for (const RankState& rs : ranks_)
       if (rs.host < 0 || static_cast<size_t>(rs.host) >= nh)

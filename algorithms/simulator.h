@@ -21,8 +21,8 @@
 //  - A message leaves when its step-slice finishes and costs alpha + bytes / bandwidth of the pair's link class.
 //    Each connection (FIFO) is a server: its messages serialise on the bandwidth term, latency overlaps
 //    (LogGP's view of alpha as latency, not occupancy). A message between hosts also needs the sender host's
-//    egress and the receiver host's ingress (Topology::egress_limit_Bps, ingress_limit_Bps; 0 = unlimited), FIFO
-//    servers taken in the order messages get there once their own connection is free: the transfer starts when the
+//    egress and the receiver host's ingress (Host::net_egress_Bps, net_ingress_Bps; 0 = unlimited), FIFO servers
+//    taken in the order messages get there once their own connection is free: the transfer starts when the
 //    egress and the ingress are both free, holds each for bytes / its own rate, and arrives alpha after the
 //    slowest of the three is done. So two flows sharing an egress of the connection's bandwidth each get half of
 //    it, and with twice the connection's bandwidth both run at full speed.

@@ -224,16 +224,6 @@ topo::Topology CommImpl::make_topology() const {
   }
   topo::apply_default_costs(t);
   if (param_is_set(Param::TuneFile)) topo::apply_tune_file(t, param_str(Param::TuneFile));
-  if (!param_is_set(Param::TopoFile))
-    // Hosts known only by their identity: the rate of their network link is unknown. One connection is taken to
-    // fill it (the network class's bandwidth, tuned or default), so that several connections at once share it rather
-    // than looking like several links (which made programs that open many at once look faster than they run;
-    // docs/perf/alltoall-window-2026-12-02.md). A topology file says what the links are.
-    for (topo::Host& h : t.hosts) {
-      const double link = t.links[static_cast<size_t>(topo::LinkClass::Network)].bandwidth_Bps;
-      if (h.net_egress_Bps == 0) h.net_egress_Bps = link;
-      if (h.net_ingress_Bps == 0) h.net_ingress_Bps = link;
-    }
   t.validate();
   return t;
 }

@@ -517,23 +517,6 @@ LinkClass Topology::link(int a, int b) const {
   return LinkClass::CrossNuma;
 }
 
-namespace {
-double link_limit(const Topology& t, int h, double given) {
-  const Host& host = t.hosts.at(static_cast<size_t>(h));
-  if (given > 0 || host.nics.empty()) return given;
-  const bool speed_known = std::any_of(host.nics.begin(), host.nics.end(),
-                                       [](const Nic& n) { return n.bandwidth_Bps > 0 && n.kind != "virtual"; });
-  return speed_known ? given : t.links[static_cast<size_t>(LinkClass::Network)].bandwidth_Bps;
-}
-}  // namespace
-
-double Topology::egress_limit_Bps(int h) const {
-  return link_limit(*this, h, hosts.at(static_cast<size_t>(h)).net_egress_Bps);
-}
-double Topology::ingress_limit_Bps(int h) const {
-  return link_limit(*this, h, hosts.at(static_cast<size_t>(h)).net_ingress_Bps);
-}
-
 std::vector<int> Topology::ranks_of_host(int h) const {
   std::vector<int> out;
   for (int r = 0; r < nranks(); ++r)

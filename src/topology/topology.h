@@ -72,8 +72,7 @@ struct Host {
   std::vector<Gpu> gpus;
   std::vector<Nic> nics;
   // All ranks of this host share these network limits, each direction, bytes per second (0: not limited beyond
-  // the per-connection bandwidth). Defaults to the sum of the NICs' bandwidth (see Topology::egress_limit_Bps for a
-  // host whose NIC speeds are unknown).
+  // the per-connection bandwidth). Defaults to the sum of the NICs' bandwidth.
   double net_egress_Bps = 0;
   double net_ingress_Bps = 0;
   bool operator==(const Host&) const = default;
@@ -106,14 +105,6 @@ struct Topology {
   std::vector<int> ranks_of_host(int h) const;
   // rank -> host index, the shape hierarchical programs are generated from.
   std::vector<int> host_of_rank() const;
-  // The limit the simulator puts on host h's network traffic, bytes per second, out (egress) or in; 0: none beyond
-  // each connection's bandwidth. Host::net_egress_Bps / net_ingress_Bps when known. A host that lists NICs none of
-  // whose speeds is known (only virtual interfaces, as an emulated host's veth or a container's; a VM's virtio NIC)
-  // has a link of unknown rate, taken as the network class's bandwidth: one connection fills it, and several at once
-  // share it (unlimited, several connections looked like several links). A host that lists no NIC (a synthetic
-  // cluster, a file without "nics") is not limited.
-  double egress_limit_Bps(int h) const;
-  double ingress_limit_Bps(int h) const;
   // The topology of a communicator made of `members` (ranks of this one; member i becomes rank i): the hosts they
   // use, in order of first use, with local ranks and processes renumbered in rank order; costs and limits kept.
   // Members must be distinct and in range (chorusInvalidArgument otherwise).

@@ -164,29 +164,6 @@ TEST(Topology, DefaultCosts) {
   EXPECT_DOUBLE_EQ(t.hosts[1].net_ingress_Bps, 0);  // no NICs: only the per-connection limit applies
 }
 
-// A host whose NIC speeds are all unknown (virtual interfaces, virtio) is limited to the network class's bandwidth:
-// one connection fills its link. Known speeds and hosts that list no NIC keep their own rule.
-TEST(Topology, LinkLimitOfAHostWhoseNicSpeedIsUnknown) {
-  Topology t;
-  Host veth, virtio, real, none;
-  veth.name = veth.id = "veth";
-  veth.nics = {{"eth0", "virtual", 1.25e9, -1}};
-  virtio.name = virtio.id = "virtio";
-  virtio.nics = {{"ens3", "ethernet", 0, -1}};
-  real.name = real.id = "real";
-  real.nics = {{"eth0", "ethernet", 3e9, -1}, {"veth0", "virtual", 10e9, -1}};
-  none.name = none.id = "none";
-  t.hosts = {veth, virtio, real, none};
-  for (int h = 0; h < 4; ++h) t.ranks.push_back({h, 0, 0, -1, -1});
-  t.links[static_cast<int>(LinkClass::Network)].bandwidth_Bps = 2e9;  // as a tune file would set it
-  apply_default_costs(t);
-  EXPECT_DOUBLE_EQ(t.egress_limit_Bps(0), 2e9);
-  EXPECT_DOUBLE_EQ(t.ingress_limit_Bps(1), 2e9);
-  EXPECT_DOUBLE_EQ(t.egress_limit_Bps(2), 3e9);
-  EXPECT_DOUBLE_EQ(t.egress_limit_Bps(3), 0);
-  EXPECT_DOUBLE_EQ(t.hosts[0].net_egress_Bps, 0);  // the field itself stays as given: unknown
-}
-
 TEST(Topology, MakeCluster) {
   const Topology t = make_cluster({3, 1, 2}, 0.119e9);
   ASSERT_EQ(t.nhosts(), 3);
