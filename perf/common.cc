@@ -139,8 +139,9 @@ const FlagSpec kFlags[] = {
     {'T', "timeout", true, "seconds before a stuck operation fails (sets CHORUS_TIMEOUT_MS; 0: library default)"},
     {'A', "algorithm", true, "algorithm for every call, by name as chorus-info lists them (default: the selector)"},
     {'Z', "compression", true,
-     "codec for every call: int8[:block], fp8_e4m3, int4, sign1[:block], sign_vote (all_reduce, reduce_scatter, "
-     "all_gather; float), with ':rht' at the end for the randomized Hadamard rotation (int8, fp8_e4m3, int4, and "
+     "codec for every call (all_reduce, reduce_scatter, all_gather; float): int8[:block], fp8_e4m3, int4, "
+     "sign1[:block], sign_vote (all_reduce only), with ':rht' at the end for the randomized Hadamard rotation (int8, "
+     "fp8_e4m3, int4, and "
      "sign1 with a power-of-two block up to 4096). Every call is step 0 (no error feedback: each call is measured "
      "alone; -o sum or avg, sign_vote sum). busbw is then effective (uncompressed bytes over time) and #wrong shows "
      "the relative L2 error against an fp64 reference (sign_vote: the share of elements off the majority sign), "
@@ -1016,18 +1017,11 @@ bool write_json(const std::string& path, const std::vector<Row>& rows, const Col
       records.push_back(std::move(rec));
     }
   }
-  // Into a temporary beside the file, renamed over it: a failed write leaves the old file as it was.
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  std::ofstream f(tmp);
+  // Written in place (the path may be a symlink, a pipe or /dev/stdout); only a sweep that measured something writes.
+  std::ofstream f(path);
   f << records.dump(2) << "\n";
   f.close();
-  if (!f || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    errno = err;
-    return false;
-  }
-  return true;
+  return static_cast<bool>(f);
 }
 
 }  // namespace
@@ -1277,6 +1271,8 @@ int perf_main(int argc, char** argv, const Collective& coll) {
     std::string bad;
     if (!coll.compressible())
       bad = std::string(coll.name()) + " has no compressed form (all_reduce, reduce_scatter and all_gather have)";
+    else if (opts.compression == 5 && std::string(coll.name()) != "all_reduce")
+      bad = "sign_vote is an all-reduce (majority of signs): use all_reduce_perf";
     else if (opts.dtypes != std::vector<chorusDataType_t>{chorusFloat32})
       bad = "needs -d float (compressed collectives take float32 data)";
     else if (coll.reduces())

@@ -465,8 +465,8 @@ int main(int argc, char** argv) {
         now - first_done_at > std::chrono::seconds(5)) {
       first_done_noted = true;
       std::fprintf(stderr,
-                   "chorusrun: rank %d exited with code 0 over 5 s ago and %d rank(s) still run; if they wait for "
-                   "it, their error at CHORUS_TIMEOUT_MS will name it\n",
+                   "chorusrun: rank %d exited with code 0 over 5 s ago and %d rank(s) still run (fine if they "
+                   "finish work of their own; if they wait for it, their error at CHORUS_TIMEOUT_MS names it)\n",
                    first_done, running);
     }
     if (!stopping && (first_failed >= 0 || g_signal != 0 || past_timeout)) {

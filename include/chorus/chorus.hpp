@@ -8,8 +8,7 @@
 //   chorus::Comm comm(nranks, id, rank);
 //   std::vector<float> grad(n);
 //   comm.all_reduce(std::span<float>(grad), chorus::Op::Sum); // in place
-//   chorus::Request r = comm.iall_gather(shard, std::span<float>(full));  // non-blocking; shard: any contiguous
-//                                                                          // range of float, full: size() x as many
+//   chorus::Request r = comm.iall_gather(std::span<const float>(shard), std::span<float>(full));  // non-blocking
 //   r.wait();
 #pragma once
 
@@ -207,15 +206,14 @@ class Comm {
     if (c_) chorusCommAbort(std::exchange(c_, nullptr));
   }
 
-  // The element type comes from `out` (T); `in` is anything that converts to std::span<const T> (a std::span<T>, a
-  // std::vector<T>, an array).
+  // Inputs are std::span<const T> and outputs std::span<T>, so T is deduced from both: pass
+  // std::span<const float>(x) for an input (or name T: all_reduce<float>(x, y) converts vectors and spans).
   // Sizes are element counts of the spans: all_reduce: in.size() == out.size(); reduce: the same on the root (out is
   // not touched elsewhere); all_gather: out = size() * in;
   // reduce_scatter: in = size() * out; all_to_all: in.size() == out.size() == size() * per-peer count; all_to_allv:
   // per-peer counts and displacements.
   template <typename T>
-  void all_reduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = Op::Sum,
-                  const CallOptions& opt = {}) {
+  void all_reduce(std::span<const T> in, std::span<T> out, Op op = Op::Sum, const CallOptions& opt = {}) {
     expect(in.size() == out.size(), "all_reduce: in and out sizes differ");
     const chorusCollOptions_t o = opt.c();
     check(chorusAllReduceEx(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), &o, c_, nullptr), c_);
@@ -231,28 +229,26 @@ class Comm {
     check(chorusBroadcastEx(buf.data(), buf.data(), buf.size(), dtype_of<T>(), root, &o, c_, nullptr), c_);
   }
   template <typename T>
-  void reduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root, Op op = Op::Sum,
-              const CallOptions& opt = {}) {
+  void reduce(std::span<const T> in, std::span<T> out, int root, Op op = Op::Sum, const CallOptions& opt = {}) {
     // Only the root writes `out`; elsewhere it may be empty.
     expect(rank() != root || out.size() == in.size(), "reduce: on the root, in and out sizes differ");
     const chorusCollOptions_t o = opt.c();
     check(chorusReduceEx(in.data(), out.data(), in.size(), dtype_of<T>(), red(op), root, &o, c_, nullptr), c_);
   }
   template <typename T>
-  void all_gather(std::type_identity_t<std::span<const T>> in, std::span<T> out, const CallOptions& opt = {}) {
+  void all_gather(std::span<const T> in, std::span<T> out, const CallOptions& opt = {}) {
     expect(out.size() == in.size() * static_cast<size_t>(size()), "all_gather: out must hold size() * in");
     const chorusCollOptions_t o = opt.c();
     check(chorusAllGatherEx(in.data(), out.data(), in.size(), dtype_of<T>(), &o, c_, nullptr), c_);
   }
   template <typename T>
-  void reduce_scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = Op::Sum,
-                      const CallOptions& opt = {}) {
+  void reduce_scatter(std::span<const T> in, std::span<T> out, Op op = Op::Sum, const CallOptions& opt = {}) {
     expect(in.size() == out.size() * static_cast<size_t>(size()), "reduce_scatter: in must hold size() * out");
     const chorusCollOptions_t o = opt.c();
     check(chorusReduceScatterEx(in.data(), out.data(), out.size(), dtype_of<T>(), red(op), &o, c_, nullptr), c_);
   }
   template <typename T>
-  void all_to_all(std::type_identity_t<std::span<const T>> in, std::span<T> out, const CallOptions& opt = {}) {
+  void all_to_all(std::span<const T> in, std::span<T> out, const CallOptions& opt = {}) {
     const size_t n = static_cast<size_t>(size());
     expect(in.size() == out.size() && in.size() % n == 0, "all_to_all: sizes must be equal multiples of size()");
     const chorusCollOptions_t o = opt.c();
@@ -261,14 +257,14 @@ class Comm {
   // gather: on the root, out = size() * in (rank r's block at r * in.size()); elsewhere out is not touched and may
   // be empty. scatter: on the root, in = size() * out (block r to rank r); elsewhere in is not read and may be empty.
   template <typename T>
-  void gather(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root, const CallOptions& opt = {}) {
+  void gather(std::span<const T> in, std::span<T> out, int root, const CallOptions& opt = {}) {
     expect(rank() != root || out.size() == in.size() * static_cast<size_t>(size()),
            "gather: on the root, out must hold size() * in");
     const chorusCollOptions_t o = opt.c();
     check(chorusGatherEx(in.data(), out.data(), in.size(), dtype_of<T>(), root, &o, c_, nullptr), c_);
   }
   template <typename T>
-  void scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root, const CallOptions& opt = {}) {
+  void scatter(std::span<const T> in, std::span<T> out, int root, const CallOptions& opt = {}) {
     expect(rank() != root || in.size() == out.size() * static_cast<size_t>(size()),
            "scatter: on the root, in must hold size() * out");
     const chorusCollOptions_t o = opt.c();
@@ -277,9 +273,8 @@ class Comm {
   // Counts and displacements are in elements, one per rank: the send_counts[j] elements of `in` at send_displs[j] go
   // to rank j, which receives them at recv_displs[this rank] of its `out`. Every block must lie inside its span.
   template <typename T>
-  void all_to_allv(std::type_identity_t<std::span<const T>> in, std::span<const size_t> send_counts,
-                   std::span<const size_t> send_displs, std::span<T> out, std::span<const size_t> recv_counts,
-                   std::span<const size_t> recv_displs) {
+  void all_to_allv(std::span<const T> in, std::span<const size_t> send_counts, std::span<const size_t> send_displs,
+                   std::span<T> out, std::span<const size_t> recv_counts, std::span<const size_t> recv_displs) {
     const size_t n = static_cast<size_t>(size());
     expect(send_counts.size() == n && send_displs.size() == n && recv_counts.size() == n && recv_displs.size() == n,
            "all_to_allv: counts and displacements need one entry per rank");
@@ -292,9 +287,9 @@ class Comm {
           c_);
   }
   void barrier() { check(chorusBarrier(c_, nullptr), c_); }
-  template <typename T>  // T may be const
-  void send(std::span<T> buf, int peer) {
-    check(chorusSend(buf.data(), buf.size(), dtype_of<std::remove_const_t<T>>(), peer, c_, nullptr), c_);
+  template <typename T>
+  void send(std::span<const T> buf, int peer) {
+    check(chorusSend(buf.data(), buf.size(), dtype_of<T>(), peer, c_, nullptr), c_);
   }
   template <typename T>
   void recv(std::span<T> buf, int peer) {
@@ -304,8 +299,7 @@ class Comm {
   // Non-blocking forms take the same CallOptions (read before the call returns; a compression's residual is used
   // while the request runs).
   template <typename T>
-  Request iall_reduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = Op::Sum,
-                      const CallOptions& opt = {}) {
+  Request iall_reduce(std::span<const T> in, std::span<T> out, Op op = Op::Sum, const CallOptions& opt = {}) {
     expect(in.size() == out.size(), "iall_reduce: in and out sizes differ");
     chorusRequest_t r = nullptr;
     const chorusCollOptions_t o = opt.c();
@@ -313,7 +307,7 @@ class Comm {
     return Request(r);
   }
   template <typename T>
-  Request iall_gather(std::type_identity_t<std::span<const T>> in, std::span<T> out, const CallOptions& opt = {}) {
+  Request iall_gather(std::span<const T> in, std::span<T> out, const CallOptions& opt = {}) {
     expect(out.size() == in.size() * static_cast<size_t>(size()), "iall_gather: out must hold size() * in");
     chorusRequest_t r = nullptr;
     const chorusCollOptions_t o = opt.c();
@@ -321,8 +315,7 @@ class Comm {
     return Request(r);
   }
   template <typename T>
-  Request ireduce_scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = Op::Sum,
-                          const CallOptions& opt = {}) {
+  Request ireduce_scatter(std::span<const T> in, std::span<T> out, Op op = Op::Sum, const CallOptions& opt = {}) {
     expect(in.size() == out.size() * static_cast<size_t>(size()), "ireduce_scatter: in must hold size() * out");
     chorusRequest_t r = nullptr;
     const chorusCollOptions_t o = opt.c();

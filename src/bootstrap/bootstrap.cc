@@ -1,6 +1,7 @@
 #include "bootstrap/bootstrap.h"
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -97,7 +98,25 @@ bool closed_between_frames(const Socket& sock) {
   }
 }
 
-std::atomic<int> g_alive{0};
+// Bootstraps alive in this process. A child forked from a process with live ones inherits this count but not their
+// threads: the count belongs to the process that made it, and a bootstrap counts down only in the process that
+// made it.
+std::mutex g_alive_mu;
+int g_alive = 0;
+pid_t g_alive_pid = 0;
+
+void alive_add() {
+  std::lock_guard<std::mutex> lock(g_alive_mu);
+  if (g_alive_pid != getpid()) {
+    g_alive_pid = getpid();
+    g_alive = 0;
+  }
+  ++g_alive;
+}
+void alive_sub(pid_t made_in) {
+  std::lock_guard<std::mutex> lock(g_alive_mu);
+  if (made_in == getpid() && g_alive_pid == made_in) --g_alive;
+}
 
 class RootBootstrap final : public Bootstrap {
  public:
@@ -109,14 +128,15 @@ class RootBootstrap final : public Bootstrap {
         nranks_(nranks),
         peer_info_(std::move(peer_info)),
         io_timeout_ms_(io_timeout_ms) {
-    g_alive.fetch_add(1);
+    alive_add();
     service_ = std::thread([this] { service_loop(); });
   }
 
   ~RootBootstrap() override {
     struct Count {
-      ~Count() { g_alive.fetch_sub(1); }
-    } count;
+      pid_t made_in;
+      ~Count() { alive_sub(made_in); }
+    } count{made_in_};
     State before;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -378,7 +398,8 @@ class RootBootstrap final : public Bootstrap {
   const int rank_;
   const int nranks_;
   const std::vector<Blob> peer_info_;
-  const int io_timeout_ms_;  // bound on one write to the root (CHORUS_TIMEOUT_MS)
+  const int io_timeout_ms_;         // bound on one write to the root (CHORUS_TIMEOUT_MS)
+  const pid_t made_in_ = getpid();  // the process whose count of live bootstraps this one is in (alive_add)
 
   std::mutex send_mu_;  // serialises writers of sock_
   mutable std::mutex mu_;
@@ -420,7 +441,10 @@ class RootBootstrap final : public Bootstrap {
 
 }  // namespace
 
-int bootstraps_alive() { return g_alive.load(); }
+int bootstraps_alive() {
+  std::lock_guard<std::mutex> lock(g_alive_mu);
+  return g_alive_pid == getpid() ? g_alive : 0;
+}
 
 std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int nranks, const Blob& info,
                                            Deadline deadline, const std::function<void()>& check_stop) {

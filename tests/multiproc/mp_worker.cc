@@ -357,9 +357,48 @@ int raw_connect(const std::string& hostport) {
 
 }  // namespace
 
+// "fork-host": rank 0's process holds a live communicator of its own (two threads) and forks; the child is rank 0
+// of the launcher's job and serves its rendezvous, and rank 1 says goodbye late. The child's exit must wait for
+// rank 1 as any rendezvous host's does: the live communicators it inherited are its parent's, not its own (they
+// used to keep its exit handler from waiting, and rank 1 lost its root).
+int fork_host(int rank) {
+  auto job = [](int r) {
+    chorusComm_t c = nullptr;
+    if (chorusCommInitFromEnv(&c) != chorusSuccess) {
+      std::printf("FAIL fork-host init: %s\n", chorusGetLastError(nullptr));
+      return 1;
+    }
+    std::vector<float> v(64, 1.0f);
+    chorusResult_t res = chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, c, nullptr);
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    if (res == chorusSuccess) res = chorusBroadcast(v.data(), v.data(), 16, chorusFloat32, 0, c, nullptr);
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    const bool ok = res == chorusSuccess && v[0] == 2.0f;
+    std::printf("%s fork-host: rank %d %s\n", ok ? "ok" : "FAIL", r, ok ? "done" : chorusGetLastError(c));
+    chorusCommDestroy(c);
+    return ok ? 0 : 1;
+  };
+  if (rank != 0) return job(rank);
+  chorusUniqueId id;
+  if (chorusGetUniqueId(&id) != chorusSuccess) return 1;
+  chorusComm_t own[2] = {nullptr, nullptr};
+  std::thread other([&] { chorusCommInitRank(&own[1], 2, id, 1); });
+  chorusCommInitRank(&own[0], 2, id, 0);
+  other.join();
+  const pid_t child = fork();
+  if (child == 0) std::exit(job(0));
+  int status = 0;
+  waitpid(child, &status, 0);
+  std::thread t([&] { chorusCommDestroy(own[1]); });
+  chorusCommDestroy(own[0]);
+  t.join();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string mode = argc > 1 ? argv[1] : "matrix";
+  if (mode == "fork-host") return fork_host(std::getenv("RANK") ? std::atoi(std::getenv("RANK")) : 0);
   int idle_fd = -1;
   if (mode == "intruder" && std::getenv("CHORUS_RANK") && std::string(std::getenv("CHORUS_RANK")) == "1") {
     const char* root = std::getenv("CHORUS_ROOT_ADDR");

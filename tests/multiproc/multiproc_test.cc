@@ -195,6 +195,20 @@ TEST(Bootstrap, AChildForkedByTheRendezvousHostExitsWithoutWaitingForItsRanks) {
   EXPECT_LT(std::stod(r.out.substr(at + 23)), 30.0) << r.out;
 }
 
+// A child forked by a process with live communicators, then serving a job's rendezvous itself, waits at exit for
+// that job's ranks (helper-62: the count of live communicators it inherited kept it from waiting, and rank 1 found
+// its root gone).
+TEST(Bootstrap, AForkedChildServingARendezvousWaitsForItsRanks) {
+  const std::string pid = std::to_string(getpid()), log0 = "/tmp/chorus_fork_host0_" + pid + ".log";
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(32000 + getpid() % 1000) +
+                          " WORLD_SIZE=2 TORCHELASTIC_RUN_ID=forkhost" + pid + " CHORUS_TIMEOUT_MS=30000";
+  Result r = run("sh -c '" + env + " RANK=0 LOCAL_RANK=0 " + MP_WORKER + " fork-host > " + log0 + " 2>&1 & " + env +
+                 " RANK=1 LOCAL_RANK=1 " + MP_WORKER + " fork-host; s1=$?; wait $!; s0=$?; cat " + log0 + "; rm -f " +
+                 log0 + "; exit $((s0 + s1))'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "ok fork-host: rank"), 2) << r.out;
+}
+
 TEST(Launcher, ChorusrunPrefixesLinesAndFailsWhenARankFails) {
   Result r = run(std::string(CHORUSRUN) + " -n 3 sh -c 'echo hello $CHORUS_RANK; [ $CHORUS_RANK != 1 ] || exit 7'");
   EXPECT_EQ(r.code, 7) << r.out;

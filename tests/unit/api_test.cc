@@ -1712,16 +1712,15 @@ TEST(CppApi, CommAndRequests) {
       EXPECT_EQ(full[5], 1);
       EXPECT_THROW(comm.all_reduce(std::span<float>(y), chorus::Op::Sum, chorus::CallOptions{"nope"}),
                    chorus::CommError);
-      // Out of place the element type comes from `out`: `in` may be a span of non-const elements or a vector
-      // (std::span<const T> alone could not be deduced from them).
+      // Naming T converts vectors and spans of non-const elements to the input's std::span<const T>.
       std::vector<float> z(1000);
-      comm.all_reduce(std::span<float>(y), std::span<float>(z));
+      comm.all_reduce<float>(y, z);
       EXPECT_EQ(z[0], 18.0f);
-      comm.all_gather(shard, std::span<int32_t>(full));
+      comm.all_gather<int32_t>(shard, full);
       EXPECT_EQ(full[8], 2);
-      comm.iall_reduce(z, std::span<float>(y)).wait();
+      comm.iall_reduce<float>(z, y).wait();
       EXPECT_EQ(y[999], 54.0f);
-      if (r == 0) comm.send(std::span<float>(y).first(2), 1);
+      if (r == 0) comm.send<float>(std::span<float>(y).first(2), 1);
       if (r == 1) {
         std::vector<float> got(2);
         comm.recv(std::span<float>(got), 0);
