@@ -407,14 +407,20 @@ class Cli : public ::testing::Test {
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
   }
+  // The trainer with this test's data and a tiny model, before `--out` and the test's own flags.
+  std::string tiny() const {
+    return std::string(CHORUS_TRAINER) + " --data " + data_ +
+           " --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2 --d-expert 32 --batch 4"
+           " --eval-seqs 8 --eval-every 0 --warmup 2 --lr 1e-2 --no-plot";
+  }
+  // chorusrun for n ranks, whose command follows.
+  static std::string launch(int n) {
+    return "CHORUS_TIMEOUT_MS=30000 " + std::string(CHORUSRUN) + " -n " + std::to_string(n) + " --timeout 120 ";
+  }
   // The trainer under chorusrun with n ranks (0: one process, no launcher), a tiny model and this test's data.
   Result trainer(int n, const std::string& out, const std::string& args) {
-    std::string cmd = n > 0 ? std::string(CHORUSRUN) + " -n " + std::to_string(n) + " --timeout 120 " : "";
-    cmd += std::string(CHORUS_TRAINER) + " --data " + data_ + " --out " + (dir_ / out).string() +
-           " --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2 --d-expert 32 --batch 4"
-           " --eval-seqs 8 --eval-every 0 --warmup 2 --lr 1e-2 --no-plot " +
-           args;
-    return chorus::test::run("CHORUS_TIMEOUT_MS=30000 " + cmd);
+    return chorus::test::run((n > 0 ? launch(n) : std::string("CHORUS_TIMEOUT_MS=30000 ")) + tiny() + " --out " +
+                             (dir_ / out).string() + " " + args);
   }
   std::string file(const std::string& rel) {
     std::ifstream in(dir_ / rel);
@@ -568,21 +574,15 @@ TEST_F(Cli, ResumingWithOtherTrainingFlagsIsRefusedNamingThem) {
 // Every rank must get the same options (paths compared as absolute paths); a rank started with another is refused
 // before training, naming the option (it used to train on mixed settings, exit 0).
 TEST_F(Cli, RanksStartedWithOtherOptionsAreRefused) {
-  const std::string model =
-      " --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2 --d-expert 32"
-      " --batch 4 --eval-seqs 8 --no-plot --ckpt-every 2";
-  const std::string launch = "CHORUS_TIMEOUT_MS=30000 " + std::string(CHORUSRUN) + " -n 2 --timeout 120 ";
-  Result r =
-      chorus::test::run(launch + "sh -c 'if [ \"$CHORUS_RANK\" = 1 ]; then X=\"--seed 5\"; fi; exec " + CHORUS_TRAINER +
-                        " --data " + data_ + " --out " + (dir_ / "run").string() + model + " --steps 2 $X'");
+  Result r = chorus::test::run(launch(2) + "sh -c 'if [ \"$CHORUS_RANK\" = 1 ]; then X=\"--seed 5\"; fi; exec " +
+                               tiny() + " --out " + (dir_ / "run").string() + " --steps 2 $X'");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("rank 1 was started with another --seed than rank 0 (rank 0: '1')"), std::string::npos) << r.out;
   // One relative --out under two working directories is two directories.
   fs::create_directories(dir_ / "a");
   fs::create_directories(dir_ / "b");
-  r = chorus::test::run(launch + "sh -c 'if [ \"$CHORUS_RANK\" = 0 ]; then cd " + (dir_ / "a").string() + "; else cd " +
-                        (dir_ / "b").string() + "; fi; exec " + CHORUS_TRAINER + " --data " + data_ + " --out run" +
-                        model + " --steps 2'");
+  r = chorus::test::run(launch(2) + "sh -c 'if [ \"$CHORUS_RANK\" = 0 ]; then cd " + (dir_ / "a").string() +
+                        "; else cd " + (dir_ / "b").string() + "; fi; exec " + tiny() + " --out run --steps 2'");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("rank 1 was started with another --out than rank 0"), std::string::npos) << r.out;
 }
@@ -594,11 +594,8 @@ TEST_F(Cli, RanksStartedWithOtherOptionsAreRefused) {
 TEST_F(Cli, RanksThatSeeOtherCheckpointsAreRefused) {
   if (geteuid() != 0 || chorus::test::run("unshare -m true").code != 0)
     GTEST_SKIP() << "needs root and unshare(1) for a mount namespace";
-  const std::string cmd = std::string(CHORUS_TRAINER) + " --data " + data_ + " --out " + (dir_ / "run").string() +
-                          " --seq-len 16 --d-model 32 --layers 2 --heads 2 --d-ff 64 --experts 2 --d-expert 32"
-                          " --batch 4 --eval-seqs 8 --no-plot --ckpt-every 2";
-  const std::string launch = "CHORUS_TIMEOUT_MS=30000 " + std::string(CHORUSRUN) + " -n 2 --timeout 120 ";
-  Result r = chorus::test::run(launch + cmd + " --steps 4");
+  const std::string cmd = tiny() + " --out " + (dir_ / "run").string() + " --ckpt-every 2";
+  Result r = chorus::test::run(launch(2) + cmd + " --steps 4");
   ASSERT_EQ(r.code, 0) << r.out;
   fs::copy(dir_ / "run", dir_ / "other", fs::copy_options::recursive);
   fs::remove_all(dir_ / "other/checkpoints/step-00000004");
@@ -610,7 +607,7 @@ TEST_F(Cli, RanksThatSeeOtherCheckpointsAreRefused) {
                         << "fi\n"
                         << "exec " << cmd << " --steps 6 $1\n";
   for (const std::string& mode : {std::string("--resume"), std::string("--overwrite")}) {
-    r = chorus::test::run(launch + "sh " + script + " " + mode);
+    r = chorus::test::run(launch(2) + "sh " + script + " " + mode);
     EXPECT_NE(r.code, 0) << mode << ": " << r.out;
     EXPECT_NE(r.out.find(mode == "--resume" ? "rank 0 resumes from step 4 but rank 1 from step 2"
                                             : "rank 1 sees other checkpoints under"),
