@@ -883,14 +883,14 @@ class RootService {
 }  // namespace
 
 namespace {
+// The process whose threads serve the roots started here (start_root).
+std::atomic<pid_t> g_root_process{0};
+
 // The process that hosts a root must not take it down while ranks elsewhere still use it (rank 0 often finishes
 // first): at exit, wait for every joined rank to say goodbye or die, for at most CHORUS_TIMEOUT_MS. Only when no
 // communicator of this process is still alive: those would say goodbye after this handler, so waiting for them
-// could only time out.
-// The process whose threads serve the roots started here: a child forked from it inherits this handler and the
-// registry's counts, but not the service threads that would bring them down, so it must not wait for them.
-std::atomic<pid_t> g_root_process{0};
-
+// could only time out. Only in the process whose threads serve the roots (g_root_process): a child forked from it
+// inherits this handler and the registry's counts, but not the service threads that would bring them down.
 void wait_for_roots_at_exit() {
   if (getpid() != g_root_process.load()) return;
   if (bootstraps_alive() > 0) return;
