@@ -408,7 +408,7 @@ std::string absolute_path(const std::string& p) {
   return ec ? fs::absolute(p).lexically_normal().string() : a.string();
 }
 
-// Every option as "name value", one per line, paths absolute: what every rank of a run must share.
+// Every option but --data as "name value", paths absolute: what every rank of a run must share.
 std::vector<std::pair<std::string, std::string>> option_lines(const Options& o) {
   const TrainConfig& t = o.train;
   auto f = [](double v) {
@@ -416,8 +416,9 @@ std::vector<std::pair<std::string, std::string>> option_lines(const Options& o) 
     std::snprintf(b, sizeof(b), "%a", v);  // exact
     return std::string(b);
   };
-  return {{"--data", absolute_path(o.data)},
-          {"--val-fraction", f(o.val_fraction)},
+  // --data is left out: hosts may keep the same text at different paths, and what the ranks read is compared itself
+  // (agree_on_checkpoints).
+  return {{"--val-fraction", f(o.val_fraction)},
           {"model (--seq-len, --d-model, ...)", t.model.describe()},
           {"--steps", std::to_string(t.steps)},
           {"--batch", std::to_string(t.batch)},

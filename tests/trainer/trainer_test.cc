@@ -585,6 +585,20 @@ TEST_F(Cli, RanksStartedWithOtherOptionsAreRefused) {
                         "; else cd " + (dir_ / "b").string() + "; fi; exec " + tiny() + " --out run --steps 2'");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("rank 1 was started with another --out than rank 0"), std::string::npos) << r.out;
+  // The text may sit at another path on another host; what is compared is the text itself.
+  fs::copy_file(data_, dir_ / "same.txt");
+  std::ofstream(dir_ / "other.txt") << sample_text(50000);
+  for (const char* file : {"same.txt", "other.txt"}) {
+    r = chorus::test::run(launch(2) + "sh -c 'D=" + data_ +
+                          "; if [ \"$CHORUS_RANK\" = 1 ]; then D=" + (dir_ / file).string() + "; fi; exec " + tiny() +
+                          " --data $D --out " + (dir_ / file).string() + ".run --steps 2'");
+    if (std::string(file) == "same.txt") {
+      EXPECT_EQ(r.code, 0) << r.out;
+    } else {
+      EXPECT_NE(r.code, 0) << r.out;
+      EXPECT_NE(r.out.find("rank 1 reads another text than rank 0 from --data"), std::string::npos) << r.out;
+    }
+  }
 }
 
 // Ranks that see other checkpoints under the same path (a file system not shared between hosts; here rank 1 runs in
