@@ -968,7 +968,12 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
 void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std::vector<RankInfo>& infos) {
   std::printf("# %s: %s\n", tool.name.c_str(), b.describe().c_str());
   if (tool.flags.find('A') != std::string::npos)  // a Chorus tool (the baselines' algorithms are their own)
-    std::printf("# algorithm: %s\n", o.algorithm.empty() ? "chosen by the selector" : o.algorithm.c_str());
+  {
+    const char* rule = std::getenv("CHORUS_ALGO");
+    std::printf("# algorithm: %s%s%s\n", o.algorithm.empty() ? "chosen by the selector" : o.algorithm.c_str(),
+                o.algorithm.empty() && rule && *rule ? ", CHORUS_ALGO=" : "",
+                o.algorithm.empty() && rule && *rule ? rule : "");
+  }
   if (o.compression != 0) {
     static const char* const kCodecNames[] = {"int8", "fp8_e4m3", "int4", "sign1", "sign_vote"};
     std::printf(
