@@ -501,6 +501,15 @@ T from_int(int64_t v) {
     return FloatTraits<T>::make(static_cast<double>(v));
 }
 
+// splitmix64's output function (Steele, Lea, Flood 2014): a well-mixed 64-bit hash of z, for the data the tools fill
+// buffers with.
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 enum class Family { Copy, Sum, Prod, MinMax };
 
 Family family_of(Op op) {
@@ -524,12 +533,7 @@ struct DataModel {
 
   // A hash of (rank, element), so that no two ranks hold the same data (a pattern periodic in the rank let a
   // block from the wrong rank, or a copy that never happened, pass the check).
-  static uint64_t mix(uint64_t r, uint64_t x) {
-    uint64_t z = (r << 40 ^ x) + 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  static uint64_t mix(uint64_t r, uint64_t x) { return splitmix64(r << 40 ^ x); }
 
   int64_t value(int rank, size_t i) const {
     const uint64_t r = static_cast<uint64_t>(rank);
@@ -837,14 +841,8 @@ struct SweepState {
 
 // Compressed runs: pseudo-normal inputs (splitmix64 and Box-Muller on (rank, element)), exact in float.
 float normal_value(int rank, size_t i) {
-  auto mix = [](uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  const uint64_t h = mix((static_cast<uint64_t>(rank) << 40) ^ i);
-  const double u1 = (static_cast<double>(h >> 11) + 1.0) / 9007199254740993.0, u2 = (mix(h) >> 11) * 0x1.0p-53;
+  const uint64_t h = splitmix64((static_cast<uint64_t>(rank) << 40) ^ i);
+  const double u1 = (static_cast<double>(h >> 11) + 1.0) / 9007199254740993.0, u2 = (splitmix64(h) >> 11) * 0x1.0p-53;
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
@@ -930,7 +928,7 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
     float* in = static_cast<float*>(const_cast<void*>(a.send));
     for (size_t i = 0; i < l.send_count; ++i) in[i] = normal_value(a.rank, i);
     s.coll.run(a);
-    const bool sign_vote = o.compression == 5;
+    const bool sign_vote = o.compression == chorusCodecSignVote;
     auto [num, den] =
         compressed_error(s.coll, l, a.rank, a.nranks, a.root, a.op, sign_vote, static_cast<const float*>(a.recv));
     double sums[2] = {num, den};
@@ -1276,14 +1274,14 @@ int perf_main(int argc, char** argv, const Collective& coll) {
     std::string bad;
     if (!coll.compressible())
       bad = std::string(coll.name()) + " has no compressed form (all_reduce, reduce_scatter and all_gather have)";
-    else if (opts.compression == 5 && std::string(coll.name()) != "all_reduce")
+    else if (opts.compression == chorusCodecSignVote && std::string(coll.name()) != "all_reduce")
       bad = "sign_vote is an all-reduce (majority of signs): use all_reduce_perf";
     else if (opts.dtypes != std::vector<chorusDataType_t>{chorusFloat32})
       bad = "needs -d float (compressed collectives take float32 data)";
     else if (coll.reduces())
       for (Op op : opts.ops)
-        if (op != Op::Sum && (op != Op::Avg || opts.compression == 5))
-          bad = opts.compression == 5 ? "sign_vote needs -o sum" : "needs -o sum or avg";
+        if (op != Op::Sum && (op != Op::Avg || opts.compression == chorusCodecSignVote))
+          bad = opts.compression == chorusCodecSignVote ? "sign_vote needs -o sum" : "needs -o sum or avg";
     if (!bad.empty()) {
       if (!from_env || env_rank == 0) std::fprintf(stderr, "%s: -Z/--compression: %s\n", name.c_str(), bad.c_str());
       return 2;

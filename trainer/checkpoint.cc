@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "trainer/dist.h"
+#include "trainer/ops.h"
 
 namespace trainer {
 
@@ -24,12 +25,6 @@ namespace {
 constexpr char kMagic[8] = {'C', 'H', 'O', 'R', 'C', 'K', 'P', 'T'};
 constexpr uint32_t kVersion = 1;
 constexpr const char* kMetaHeader = "chorus-trainer-checkpoint 1";
-
-uint64_t fnv1a(const char* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 0x100000001b3ull;
-  return h;
-}
 
 std::string step_name(int step) {
   char b[32];

@@ -445,18 +445,12 @@ std::vector<std::pair<std::string, std::string>> option_lines(const Options& o) 
                             (o.kill_in_checkpoint ? ":checkpoint" : "")}};
 }
 
-uint64_t text_hash(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 // Ranks started with other options would train different things together, or wait in a barrier the others skip:
 // every rank's options are compared with rank 0's (--plot aside), and the first that differs is named.
 void agree_on_options(chorus::Comm& world, const Options& o) {
   const auto lines = option_lines(o);
   std::vector<uint64_t> mine;
-  for (const auto& [name, value] : lines) mine.push_back(text_hash(value));
+  for (const auto& [name, value] : lines) mine.push_back(fnv1a(value));
   std::vector<uint64_t> all(mine.size() * size_t(world.size()));
   world.all_gather(std::span<const uint64_t>(mine), std::span<uint64_t>(all));
   for (size_t r = 1; r < size_t(world.size()); ++r)
@@ -481,8 +475,7 @@ void agree_on_checkpoints(chorus::Comm& world, const Trainer& trainer, const std
     resumed = (std::ostringstream() << meta.rdbuf()).str();
     step = read_meta(resume_dir).step;
   }
-  const uint64_t mine[4] = {text_hash(trainer.training_settings()), text_hash(seen), text_hash(resumed),
-                            uint64_t(int64_t(step))};
+  const uint64_t mine[4] = {fnv1a(trainer.training_settings()), fnv1a(seen), fnv1a(resumed), uint64_t(int64_t(step))};
   std::vector<uint64_t> all(4 * size_t(world.size()));
   world.all_gather(std::span<const uint64_t>(mine, 4), std::span<uint64_t>(all));
   for (size_t r = 1; r < size_t(world.size()); ++r) {

@@ -1,7 +1,6 @@
 #include "trainer/model.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -18,21 +17,14 @@ std::string ModelConfig::describe() const {
   s << "vocab=" << vocab << " seq_len=" << seq_len << " d_model=" << d_model << " layers=" << n_layers
     << " heads=" << n_heads << " d_ff=" << d_ff << " experts=" << n_experts;
   if (n_experts > 0) {
-    // The shortest text that reads back as the value: two factors that differ are two models (a stream's 6 digits
-    // made 1.25 and 1.2500001 one).
-    char cf[32];
-    s << " top_k=" << top_k
-      << " capacity_factor=" << std::string(cf, std::to_chars(cf, cf + sizeof(cf), capacity_factor).ptr)
-      << " d_expert=" << d_expert << " moe_every=" << moe_every;
+    // Exact: two factors that differ are two models (a stream's 6 digits made 1.25 and 1.2500001 one).
+    s << " top_k=" << top_k << " capacity_factor=" << shortest_text(capacity_factor) << " d_expert=" << d_expert
+      << " moe_every=" << moe_every;
   }
   return s.str();
 }
 
-uint64_t ModelConfig::hash() const {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  for (unsigned char ch : describe()) h = (h ^ ch) * 0x100000001b3ull;
-  return h;
-}
+uint64_t ModelConfig::hash() const { return fnv1a(describe()); }
 
 void ModelConfig::validate() const {
   auto need = [](bool ok, const std::string& what) {

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -163,6 +164,17 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
 }
 
 uint64_t hash_combine(uint64_t seed, uint64_t v) { return mix64(seed ^ mix64(v)); }
+
+uint64_t fnv1a(const void* p, size_t n, uint64_t h) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+std::string shortest_text(float v) {
+  char b[32];
+  return std::string(b, std::to_chars(b, b + sizeof(b), v).ptr);
+}
 
 void init_normal(float* out, size_t count, float std, uint64_t key, size_t first) {
   for (size_t i = 0; i < count; ++i) {

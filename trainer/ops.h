@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace trainer {
 
@@ -53,5 +55,12 @@ void init_normal(float* out, size_t count, float std, uint64_t key, size_t first
 // Mixes values into a key for init_normal (and anything else that needs a stable 64-bit hash).
 uint64_t mix64(uint64_t x);
 uint64_t hash_combine(uint64_t seed, uint64_t v);
+// FNV-1a (Fowler, Noll, Vo) of n bytes, continuing from h: the checksums of checkpoint files and the identities of
+// texts (a model's description, the training settings, the corpus).
+constexpr uint64_t kFnv1aBasis = 0xcbf29ce484222325ull;
+uint64_t fnv1a(const void* p, size_t n, uint64_t h = kFnv1aBasis);
+inline uint64_t fnv1a(std::string_view s, uint64_t h = kFnv1aBasis) { return fnv1a(s.data(), s.size(), h); }
+// The shortest decimal text that reads back as v (std::to_chars): two values that differ print differently.
+std::string shortest_text(float v);
 
 }  // namespace trainer

@@ -1,6 +1,5 @@
 #include "trainer/trainer.h"
 
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,8 +10,32 @@
 
 namespace trainer {
 
+namespace {
+
+// The settings besides the model that decide the training trajectory, as "flag=value" (CheckpointMeta::training).
+// Not among them: --steps (a resumed run may go on longer; the schedule then follows the new length), and what
+// changes only speed or the validation numbers (--no-prefetch, --eval-seqs, --eval-every).
+std::string settings_text(const TrainConfig& c, const Corpus& corpus) {
+  // The training text, then the held-out text.
+  const uint64_t h = fnv1a(corpus.val.data(), corpus.val.size(), fnv1a(corpus.train.data(), corpus.train.size()));
+  char data[80];
+  std::snprintf(data, sizeof(data), "%016llx:%zu+%zu", static_cast<unsigned long long>(h), corpus.train.size(),
+                corpus.val.size());
+  return "batch=" + std::to_string(c.batch) + " lr=" + shortest_text(c.lr) + " min-lr=" + shortest_text(c.min_lr) +
+         " warmup=" + std::to_string(c.warmup) + " weight-decay=" + shortest_text(c.adam.weight_decay) +
+         " clip=" + shortest_text(c.clip) + " aux-weight=" + shortest_text(c.aux_weight) +
+         " seed=" + std::to_string(c.seed) + " compress=" + (c.compress.empty() ? std::string("none") : c.compress) +
+         " data=" + data;
+}
+
+}  // namespace
+
 Trainer::Trainer(const TrainConfig& cfg, const Corpus& corpus, Dist& dist)
-    : cfg_(cfg), corpus_(corpus), dist_(dist), sampler_(hash_combine(cfg.seed, 0x64617461)) {
+    : cfg_(cfg),
+      corpus_(corpus),
+      settings_(settings_text(cfg, corpus)),
+      dist_(dist),
+      sampler_(hash_combine(cfg.seed, 0x64617461)) {
   cfg_.model.validate();
   const int N = dist.nranks();
   if (cfg.batch < 1 || cfg.batch % N != 0)
@@ -105,39 +128,11 @@ ParamStore::Memory Trainer::memory() const {
   return m;
 }
 
-namespace {
-
-// The shortest text that reads back as v.
-std::string exact(float v) {
-  char b[32];
-  return std::string(b, std::to_chars(b, b + sizeof(b), v).ptr);
-}
-
-// The settings besides the model that decide the training trajectory, as "flag=value" (CheckpointMeta::training).
-// Not among them: --steps (a resumed run may go on longer; the schedule then follows the new length), and what
-// changes only speed or the validation numbers (--no-prefetch, --eval-seqs, --eval-every).
-std::string settings_text(const TrainConfig& c, const Corpus& corpus) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the training text, then of the held-out text
-  for (const std::vector<uint8_t>* part : {&corpus.train, &corpus.val})
-    for (uint8_t b : *part) h = (h ^ b) * 0x100000001b3ull;
-  char data[80];
-  std::snprintf(data, sizeof(data), "%016llx:%zu+%zu", static_cast<unsigned long long>(h), corpus.train.size(),
-                corpus.val.size());
-  return "batch=" + std::to_string(c.batch) + " lr=" + exact(c.lr) + " min-lr=" + exact(c.min_lr) +
-         " warmup=" + std::to_string(c.warmup) + " weight-decay=" + exact(c.adam.weight_decay) +
-         " clip=" + exact(c.clip) + " aux-weight=" + exact(c.aux_weight) + " seed=" + std::to_string(c.seed) +
-         " compress=" + (c.compress.empty() ? std::string("none") : c.compress) + " data=" + data;
-}
-
-}  // namespace
-
-std::string Trainer::training_settings() const { return settings_text(cfg_, corpus_); }
-
 CheckpointMeta Trainer::meta() const {
   CheckpointMeta m;
   m.model_hash = cfg_.model.hash();
   m.model = cfg_.model.describe();
-  m.training = training_settings();
+  m.training = settings_;
   m.nranks = dist_.nranks();
   m.shard_group = dist_.shard_size();
   m.step = step_;

@@ -69,7 +69,7 @@ class Trainer {
 
   // The settings besides the model that decide the trajectory, "flag=value ..." with a hash of the text
   // (CheckpointMeta::training).
-  std::string training_settings() const;
+  const std::string& training_settings() const { return settings_; }
 
   // Checkpoints: collective; save returns the directory written. resume throws if the checkpoint does not fit.
   std::string save(const std::string& root, int keep, const std::function<void()>& die_midway = {});
@@ -85,6 +85,7 @@ class Trainer {
 
   TrainConfig cfg_;
   const Corpus& corpus_;
+  std::string settings_;  // training_settings(): the corpus is hashed once
   Dist& dist_;
   int local_seqs_;
   std::unique_ptr<Model> model_;
