@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/float_types.h"
+#include "kernels/cpu/reduce.h"
 
 namespace chorus::perf {
 
@@ -139,7 +140,8 @@ const FlagSpec kFlags[] = {
     {'T', "timeout", true, "seconds before a stuck operation fails (sets CHORUS_TIMEOUT_MS; 0: library default)"},
     {'A', "algorithm", true, "algorithm for every call, by name as chorus-info lists them (default: the selector)"},
     {'Z', "compression", true,
-     "codec for every call (all_reduce, reduce_scatter, all_gather; float): int8[:block], fp8_e4m3, int4, "
+     "codec for every call (all_reduce, reduce_scatter, all_gather; float, half or bfloat16): int8[:block], fp8_e4m3, "
+     "int4, "
      "sign1[:block], sign_vote (all_reduce only), with ':rht' at the end for the randomized Hadamard rotation (int8, "
      "fp8_e4m3, int4, and "
      "sign1 with a power-of-two block up to 4096). Every call is step 0 (no error feedback: each call is measured "
@@ -846,28 +848,50 @@ float normal_value(int rank, size_t i) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
+// -Z input: element i of rank r is a standard normal value (the codecs' error is measured on such data), rounded to
+// the call's float type (float32, float16 or bfloat16).
+float compressed_input_value(chorusDataType_t dtype, int r, size_t i) {
+  const float v = normal_value(r, i);
+  if (dtype == chorusFloat32) return v;
+  uint16_t narrow = 0;
+  kernels::narrow_from_float(dtype, &v, &narrow, 1);
+  float wide = 0;
+  kernels::widen_to_float(dtype, &narrow, &wide, 1);
+  return wide;
+}
+
+void fill_compressed_input(const OpArgs& a, size_t count) {
+  std::vector<float> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = normal_value(a.rank, i);
+  kernels::narrow_from_float(a.dtype, v.data(), const_cast<void*>(a.send), count);
+}
+
 // This rank's error against the fp64 reference of the call, as a (numerator, denominator) pair summed over ranks:
 // squared error and squared reference (the relative L2 error is the square root of their ratio); for sign_vote,
 // whose result is the majority sign of the inputs, elements whose sign is not that majority's and elements with a
 // majority (ties are left out).
+// The reference is the exact result of the inputs as the call's float type holds them.
 std::pair<double, double> compressed_error(const Collective& coll, const Layout& l, int rank, int nranks, int root,
-                                           Op op, bool sign_vote, const float* out) {
+                                           Op op, bool sign_vote, chorusDataType_t dtype, const void* recv) {
+  std::vector<float> out(l.recv_count);
+  kernels::widen_to_float(dtype, recv, out.data(), l.recv_count);
+  auto input = [dtype](int r, size_t i) { return compressed_input_value(dtype, r, i); };
   double num = 0, den = 0;
   for (size_t i = 0; i < l.recv_count; ++i) {
     const Expect e = coll.expect(l, rank, nranks, root, i);
     if (e.kind == Expect::Skip) continue;
     double want = 0;
     if (e.kind == Expect::Copy) {
-      want = normal_value(e.rank, e.index);
+      want = input(e.rank, e.index);
     } else if (sign_vote) {
       int votes = 0;
-      for (int r = 0; r < nranks; ++r) votes += normal_value(r, e.index) < 0 ? -1 : 1;
+      for (int r = 0; r < nranks; ++r) votes += input(r, e.index) < 0 ? -1 : 1;
       if (votes == 0) continue;
       num += (votes < 0) != (out[i] < 0) ? 1 : 0;
       den += 1;
       continue;
     } else {
-      for (int r = 0; r < nranks; ++r) want += normal_value(r, e.index);
+      for (int r = 0; r < nranks; ++r) want += input(r, e.index);
       if (op == Op::Avg) want /= nranks;
     }
     num += (out[i] - want) * (out[i] - want);
@@ -905,9 +929,7 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
   Backend& b = s.b;
   const Options& o = s.opts;
   if (o.compression != 0) {
-    if (a.dtype != chorusFloat32) throw PerfError("-Z/--compression needs -d float", true);
-    float* in = static_cast<float*>(const_cast<void*>(a.send));
-    for (size_t i = 0; i < l.send_count; ++i) in[i] = normal_value(a.rank, i);
+    fill_compressed_input(a, l.send_count);
   } else {
     fill_input(m, a, l.send_count);
   }
@@ -925,12 +947,10 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
 
   if (o.check_iters > 0 && o.compression != 0) {
     poison(a.dtype, a.recv, l.recv_count * ts);
-    float* in = static_cast<float*>(const_cast<void*>(a.send));
-    for (size_t i = 0; i < l.send_count; ++i) in[i] = normal_value(a.rank, i);
+    fill_compressed_input(a, l.send_count);
     s.coll.run(a);
     const bool sign_vote = o.compression == chorusCodecSignVote;
-    auto [num, den] =
-        compressed_error(s.coll, l, a.rank, a.nranks, a.root, a.op, sign_vote, static_cast<const float*>(a.recv));
+    auto [num, den] = compressed_error(s.coll, l, a.rank, a.nranks, a.root, a.op, sign_vote, a.dtype, a.recv);
     double sums[2] = {num, den};
     b.allreduce(sums, 2, Op::Sum);
     r.rel_error = sums[1] > 0 ? (sign_vote ? sums[0] / sums[1] : std::sqrt(sums[0] / sums[1])) : 0.0;
@@ -1276,8 +1296,10 @@ int perf_main(int argc, char** argv, const Collective& coll) {
       bad = std::string(coll.name()) + " has no compressed form (all_reduce, reduce_scatter and all_gather have)";
     else if (opts.compression == chorusCodecSignVote && std::string(coll.name()) != "all_reduce")
       bad = "sign_vote is an all-reduce (majority of signs): use all_reduce_perf";
-    else if (opts.dtypes != std::vector<chorusDataType_t>{chorusFloat32})
-      bad = "needs -d float (compressed collectives take float32 data)";
+    else if (std::any_of(opts.dtypes.begin(), opts.dtypes.end(), [](chorusDataType_t d) {
+               return d != chorusFloat32 && d != chorusFloat16 && d != chorusBfloat16;
+             }))
+      bad = "needs -d float, half or bfloat16 (compressed collectives take float32, float16 or bfloat16 data)";
     else if (coll.reduces())
       for (Op op : opts.ops)
         if (op != Op::Sum && (op != Op::Avg || opts.compression == chorusCodecSignVote))

@@ -203,16 +203,18 @@ chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcou
                             chorusComm_t comm, chorusStream_t stream);
 chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
                              int root, chorusComm_t comm, chorusStream_t stream);
-/* Compressed collectives (docs/compression.md): all-reduce, reduce-scatter and all-gather of float32 data with
- * sum or avg (sign_vote: sum, the result is the majority sign) send codes instead of values. The error is
- * explicit and bounded (docs/compression.md lists it per codec and schedule); every rank of a compressed
- * all-reduce or all-gather ends with the same bits. Schedules (chorusCollOptions_t::algorithm): "qonce"
- * (quantize once: direct reduce-scatter of codes, fp32 accumulation at the owner, one re-quantization of the
- * result; ZeRO++, Wang et al. 2023; an all-reduce over several hosts first reduces exactly inside each host, so
- * one coded partial per host crosses the network), "qonce-flat" (all-reduce: the one-level form on any topology;
- * what error feedback and sign_vote run), "ring" (codes re-quantized at every hop, for comparison), "hier" (the
- * hierarchical ring with only the messages between hosts coded; needs several hosts). Default: "qonce" ("hier"
- * for a reduce-scatter over several hosts with more than one rank on a host). */
+/* Compressed collectives (docs/compression.md): all-reduce, reduce-scatter and all-gather of float32, float16 or
+ * bfloat16 data with sum or avg (sign_vote: sum, the result is the majority sign) send codes instead of values. The
+ * error is explicit and bounded (docs/compression.md lists it per codec and schedule); every rank of a compressed
+ * all-reduce or all-gather ends with the same bits. float16 and bfloat16 data is widened to float32 (exactly) into
+ * a buffer the communicator keeps (4 bytes per element of the input and of the output), compressed and reduced as
+ * float32, and the result rounded to the caller's type once (nearest-even): the float32 call's result, rounded.
+ * Schedules (chorusCollOptions_t::algorithm): "qonce" (quantize once: direct reduce-scatter of codes, fp32 accumulation
+ * at the owner, one re-quantization of the result; ZeRO++, Wang et al. 2023; an all-reduce over several hosts first
+ * reduces exactly inside each host, so one coded partial per host crosses the network), "qonce-flat" (all-reduce: the
+ * one-level form on any topology; what error feedback and sign_vote run), "ring" (codes re-quantized at every hop, for
+ * comparison), "hier" (the hierarchical ring with only the messages between hosts coded; needs several hosts). Default:
+ * "qonce" ("hier" for a reduce-scatter over several hosts with more than one rank on a host). */
 typedef enum {
   chorusCodecInt8 = 1,     /* int8, one fp32 scale per block (block 32..1024 elements, multiple of 32; default 256) */
   chorusCodecFp8E4M3 = 2,  /* OCP MX fp8 e4m3, one power-of-two (E8M0) scale per 32 elements; never saturates */
@@ -231,9 +233,10 @@ typedef struct {
   uint64_t seed;
   uint64_t step; /* the training step: stochastic rounding draws fresh variates, and rotation a fresh D, per step */
   /* Error feedback (quantize-once schedule only): a residual the caller owns and keeps between calls (save it with
-   * a checkpoint), error_feedback_elems floats, zero-initialised before the first call. All-reduce of count
-   * elements: 2 * count (the worker residual over the input, then the owner residual); reduce-scatter of recvcount:
-   * nranks * recvcount. NULL: no feedback. Not for all-gather. Every rank passes its own. */
+   * a checkpoint), error_feedback_elems floats (float32 whatever the data's type), zero-initialised before the
+   * first call. All-reduce of count elements: 2 * count (the worker residual over the input, then the owner
+   * residual); reduce-scatter of recvcount: nranks * recvcount. NULL: no feedback. Not for all-gather. Every rank
+   * passes its own. */
   float* error_feedback;
   size_t error_feedback_elems;
   /* 1: randomized Hadamard rotation of each record before quantizing (int8 with a power-of-two block, fp8_e4m3,
@@ -264,8 +267,8 @@ typedef struct {
    * names a compressed schedule ("qonce", "qonce-flat", "ring", "hier") or is NULL for the default. Every rank must
    * pass the same codec, block, rotation, seed and step (with rotation or stochastic rounding) and schedule: a
    * mismatch is chorusRemoteError on every rank, naming both settings, and breaks the communicator (as any
-   * mismatched call does). An unsupported datatype (anything but float32) or op (prod, max, min, or avg with
-   * sign_vote) is chorusInvalidArgument naming it. */
+   * mismatched call does). An unsupported datatype (anything but float32, float16 and bfloat16) or op (prod, max,
+   * min, or avg with sign_vote) is chorusInvalidArgument naming it. */
   const chorusCompression_t* compression;
 } chorusCollOptions_t;
 #define CHORUS_COLL_OPTIONS_INIT \

@@ -1093,8 +1093,8 @@ void CommImpl::validate_compression(const CollArgs& a) const {
   // The residual is read and written while the buffers are: it must not share bytes with them.
   const auto* ef = reinterpret_cast<const std::byte*>(a.error_feedback);
   const size_t ef_bytes = need * sizeof(float);
-  const size_t in_bytes = (a.coll == Coll::ReduceScatter ? nranks_ : 1) * a.count * sizeof(float);
-  const size_t out_bytes = a.count * sizeof(float);
+  const size_t in_bytes = (a.coll == Coll::ReduceScatter ? nranks_ : 1) * a.count * dtype_size(a.dtype);
+  const size_t out_bytes = a.count * dtype_size(a.dtype);
   auto overlaps = [&](const void* p, size_t bytes) {
     const auto* b = static_cast<const std::byte*>(p);
     return b != nullptr && bytes > 0 && ef < b + bytes && b < ef + ef_bytes;
@@ -1107,7 +1107,23 @@ size_t CommImpl::error_feedback_elems(const CollArgs& a) const {
   return a.coll == Coll::AllReduce ? 2 * a.count : static_cast<size_t>(nranks_) * a.count;
 }
 
+void CommImpl::run_widened(const CollArgs& a, WireHeader& hdr) {
+  const size_t n = static_cast<size_t>(nranks_);
+  const size_t in_elems = (a.coll == Coll::ReduceScatter ? n : 1) * a.count;
+  const size_t out_elems = (a.coll == Coll::AllGather ? n : 1) * a.count;
+  if (widened_.size() < in_elems + out_elems) widened_.resize(in_elems + out_elems);
+  CollArgs w = a;
+  w.dtype = chorusFloat32;
+  w.widened_from = a.dtype;
+  w.send = widened_.data();
+  w.recv = widened_.data() + in_elems;
+  kernels::widen_to_float(a.dtype, a.send, widened_.data(), in_elems);  // before anything is written: in place
+  run_call(w, hdr);
+  kernels::narrow_from_float(a.dtype, widened_.data() + in_elems, a.recv, out_elems);
+}
+
 void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
+  if (a.compressed && a.dtype != chorusFloat32) return run_widened(a, hdr);
   const Deadline deadline = Deadline::after_ms(timeout_ms_);
   const int n = nranks_;
   const size_t esz = a.coll == Coll::SendRecv ? 1 : dtype_size(a.coll == Coll::Barrier ? chorusUint8 : a.dtype);
@@ -1198,7 +1214,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     hdr.seq = ++seq_;
     started_.store(seq_, std::memory_order_relaxed);
     hdr.count = a.coll == Coll::AllToAllv ? 0 : a.count;
-    hdr.dtype = static_cast<uint8_t>(a.dtype);
+    hdr.dtype = static_cast<uint8_t>(a.widened_from != chorusNumTypes ? a.widened_from : a.dtype);
     hdr.op = static_cast<uint8_t>(is_reduction(a.coll) ? std::min<int>(a.op, chorusNumOps) : 0);
     hdr.root = algo::rooted(a.coll) ? a.root : 0;
     // Compressed calls are not rooted: the root field carries the codec's fingerprint instead, so ranks that

@@ -58,6 +58,10 @@ struct CollArgs {
   uint64_t codec_step = 0;
   float* error_feedback = nullptr;
   size_t error_feedback_elems = 0;
+  // Set by CommImpl::run_widened on the float32 call it makes for a compressed call on fp16 or bf16 data: the
+  // caller's datatype, which the call's messages carry so that ranks passing different datatypes get a mismatch
+  // error. chorusNumTypes: not a widened call.
+  chorusDataType_t widened_from = chorusNumTypes;
 };
 
 // Completion state of one operation (a chorusRequest_t points to one).
@@ -184,6 +188,9 @@ class CommImpl {
   topo::Topology make_topology() const;
   void run(const CollArgs& a);
   void run_call(const CollArgs& a, WireHeader& hdr);
+  // A compressed call on fp16 or bf16 data: widens the input to float32 (exact), runs the float32 call, and rounds
+  // its result to the caller's type once (nearest-even), so every rank ends with the same bits.
+  void run_widened(const CollArgs& a, WireHeader& hdr);
   [[noreturn]] void fail_call(const Error& e, const WireHeader& hdr);
   // Connects every (peer, channel) in `needed` not connected yet; the handshake carries `call`'s header, so a peer in
   // a different call is reported as a mismatch instead of waiting for a connection it will never make.
@@ -259,6 +266,7 @@ class CommImpl {
   // Reused for the communicator's life (fresh pages cost more than the copies, MACHINE-NOTES.md):
   std::vector<std::byte> staging_;  // inputs staged for in-place all-to-all and grouped send/recv
   std::vector<std::byte> scratch_;  // programs' scratch buffer
+  std::vector<float> widened_;      // compressed calls on fp16/bf16 data: the input and output as float32
 
   struct PreMul {
     double f = 1.0;

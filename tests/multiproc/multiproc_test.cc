@@ -384,9 +384,11 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   std::remove(kept.c_str());
   Result zero_block = run(tool + " -Z int8:0");  // block 0: the library's default, as chorus.h says
   EXPECT_EQ(zero_block.code, 0) << zero_block.out;
-  Result codec = run(tool + " -Z int8 -d half");
+  Result narrow = run(tool + " -Z int8 -d half,bfloat16");  // widened to float32 by the library
+  EXPECT_EQ(narrow.code, 0) << narrow.out;
+  Result codec = run(tool + " -Z int8 -d double");
   EXPECT_EQ(codec.code, 2) << codec.out;
-  EXPECT_NE(codec.out.find("-Z/--compression: needs -d float"), std::string::npos) << codec.out;
+  EXPECT_NE(codec.out.find("-Z/--compression: needs -d float, half or bfloat16"), std::string::npos) << codec.out;
   // Found before the sweep, as every bad flag (they used to print the table's header first): an op or collective
   // that has no compressed form.
   for (const std::string& bad : {tool + " -Z int8 -o max", tool + " -Z sign_vote -o avg",

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/reduce.h"
 #include "tests/common/world.h"
 
 namespace chorus::test {
@@ -37,6 +38,12 @@ double rel_l2(const std::vector<float>& got, const std::vector<double>& want) {
     den += want[i] * want[i];
   }
   return std::sqrt(num / den);
+}
+
+// One case of the narrow-type test, for failure messages.
+std::string cat_case(int n, chorusDataType_t dt, const char* coll, const char* algo, bool inplace, bool feedback) {
+  return std::string("n=") + std::to_string(n) + (dt == chorusFloat16 ? " float16 " : " bfloat16 ") + coll + " " +
+         (algo ? algo : "default") + (inplace ? " in place" : "") + (feedback ? " error feedback" : "");
 }
 
 struct Result {
@@ -300,6 +307,132 @@ TEST(Compression, NonBlockingExFormsGiveTheBlockingFormsBits) {
     EXPECT_EQ(chorusIallGatherEx(x.data(), ag_nb.data(), count, chorusFloat32, &o, c, &bad), chorusInvalidArgument);
     EXPECT_EQ(bad, nullptr);
   });
+}
+
+// A compressed call on fp16 or bf16 data is the float32 call on the same values (widened exactly), rounded to the
+// caller's type once: bit for bit, on every rank, for each collective and schedule, in and out of place, with error
+// feedback (the residual stays float32 and gets the same bits), blocking and non-blocking.
+TEST(Compression, Float16AndBfloat16DataGetTheFloat32ResultRoundedOnce) {
+  struct Case {
+    const char* coll;
+    const char* algo;
+    bool inplace;
+    bool feedback;
+  };
+  const std::vector<Case> cases = {
+      {"allreduce", "qonce", false, false},     {"allreduce", "qonce", true, false},
+      {"allreduce", "ring", false, false},      {"allreduce", nullptr, false, true},
+      {"reducescatter", nullptr, false, false}, {"reducescatter", nullptr, true, true},
+      {"allgather", nullptr, false, false},     {"allgather", nullptr, true, false},
+      {"iallreduce", "qonce", false, true},
+  };
+  for (int n : {3, 4}) {
+    World& w = World::get(n);
+    const size_t count = 2 * 1024 + 37;  // per rank (reduce-scatter, all-gather) or in all (all-reduce)
+    for (chorusDataType_t dt : {chorusFloat16, chorusBfloat16}) {
+      const size_t ts = chorusTypeSize(dt);
+      for (const Case& k : cases) {
+        const std::string coll = k.coll;
+        const bool rs = coll == "reducescatter", ag = coll == "allgather";
+        const size_t in_elems = rs ? count * n : count, out_elems = ag ? count * n : count;
+        const size_t ef_elems = rs ? count * n : 2 * count;
+        std::vector<std::vector<uint8_t>> got(n);
+        std::vector<std::vector<float>> want(n), ef_got(n), ef_want(n);
+        w.run([&](int r, chorusComm_t c) {
+          // This rank's input in the narrow type, and the same values as float32.
+          const std::vector<float> x = contribution(r, in_elems, true, 5);
+          std::vector<uint8_t> xn(in_elems * ts);
+          std::vector<float> xw(in_elems);
+          kernels::narrow_from_float(dt, x.data(), xn.data(), in_elems);
+          kernels::widen_to_float(dt, xn.data(), xw.data(), in_elems);
+          chorusCompression_t z = CHORUS_COMPRESSION_INIT(chorusCodecInt8);
+          z.rotation = 1;
+          chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
+          o.algorithm = k.algo;
+          o.compression = &z;
+          auto call = [&](const void* in, void* out, chorusDataType_t t) {
+            if (coll == "allreduce") return chorusAllReduceEx(in, out, count, t, chorusAvg, &o, c, nullptr);
+            if (rs) return chorusReduceScatterEx(in, out, count, t, chorusSum, &o, c, nullptr);
+            if (ag) return chorusAllGatherEx(in, out, count, t, &o, c, nullptr);
+            chorusRequest_t q = nullptr;
+            chorusResult_t res = chorusIallReduceEx(in, out, count, t, chorusSum, &o, c, &q);
+            if (res != chorusSuccess) return res;
+            res = chorusWait(q, -1);
+            chorusRequestFree(q);
+            return res;
+          };
+          // In place as NCCL defines it: all-gather's input at rank * count of the output, reduce-scatter's output
+          // at rank * count of the input.
+          const size_t in_at = ag ? r * count : 0, out_at = rs ? r * count : 0;
+          const size_t buf_elems = std::max(in_elems, out_elems);
+          std::vector<float> fw(buf_elems, -3.0f);
+          if (k.feedback) {
+            ef_want[r].assign(ef_elems, 0.0f);
+            z.error_feedback = ef_want[r].data();
+            z.error_feedback_elems = ef_elems;
+          }
+          if (k.inplace) {
+            std::copy(xw.begin(), xw.end(), fw.begin() + in_at);
+            ASSERT_EQ(call(fw.data() + in_at, fw.data() + out_at, chorusFloat32), chorusSuccess)
+                << chorusGetLastError(c);
+            want[r].assign(fw.begin() + out_at, fw.begin() + out_at + out_elems);
+          } else {
+            want[r].resize(out_elems);
+            ASSERT_EQ(call(xw.data(), want[r].data(), chorusFloat32), chorusSuccess) << chorusGetLastError(c);
+          }
+          if (k.feedback) {
+            ef_got[r].assign(ef_elems, 0.0f);
+            z.error_feedback = ef_got[r].data();
+          }
+          std::vector<uint8_t> buf(buf_elems * ts, 0xa5);
+          if (k.inplace) {
+            std::copy(xn.begin(), xn.end(), buf.begin() + in_at * ts);
+            ASSERT_EQ(call(buf.data() + in_at * ts, buf.data() + out_at * ts, dt), chorusSuccess)
+                << chorusGetLastError(c);
+            got[r].assign(buf.begin() + out_at * ts, buf.begin() + (out_at + out_elems) * ts);
+          } else {
+            got[r].assign(out_elems * ts, 0xa5);
+            ASSERT_EQ(call(xn.data(), got[r].data(), dt), chorusSuccess) << chorusGetLastError(c);
+          }
+        });
+        const std::string what = cat_case(n, dt, k.coll, k.algo, k.inplace, k.feedback);
+        for (int r = 0; r < n; ++r) {
+          std::vector<uint8_t> rounded(out_elems * ts);
+          kernels::narrow_from_float(dt, want[r].data(), rounded.data(), out_elems);
+          ASSERT_EQ(got[r], rounded) << what << " rank " << r;
+          if (!rs) {
+            ASSERT_EQ(got[r], got[0]) << what << " rank " << r;
+          }
+          if (k.feedback) {
+            ASSERT_EQ(ef_got[r], ef_want[r]) << what << " rank " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Ranks that pass different datatypes to one compressed call get an error on every rank instead of decoding
+// each other's messages.
+TEST(Compression, RanksWithDifferentDatatypesGetAnError) {
+  World w(2);
+  std::vector<std::string> errors(2);
+  w.run([&](int r, chorusComm_t c) {
+    std::vector<float> x(4096, 1.0f), y(4096, 7.0f);
+    chorusCompression_t z = CHORUS_COMPRESSION_INIT(chorusCodecInt8);
+    chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
+    o.compression = &z;
+    // Same count: rank 0's float32 call and rank 1's bfloat16 call would send messages of the same size.
+    const chorusDataType_t dt = r == 0 ? chorusFloat32 : chorusBfloat16;
+    EXPECT_NE(chorusAllReduceEx(x.data(), y.data(), 2048, dt, chorusSum, &o, c, nullptr), chorusSuccess);
+    errors[r] = chorusGetLastError(c);
+  });
+  // At least one side sees the other's call (the other may fail first, on the aborted connection).
+  auto both = [](const std::string& e) {
+    return e.find("count=2048, float,") != std::string::npos && e.find("count=2048, bfloat16,") != std::string::npos;
+  };
+  const bool named = both(errors[0]) || both(errors[1]);
+  EXPECT_TRUE(named) << errors[0] << " | " << errors[1];
 }
 
 TEST(Compression, BadOptionsAreClearErrorsAndChangeNothing) {

@@ -639,6 +639,43 @@ TEST(Reducer, VectorCodecsMatchScalarForEveryCode) {
   }
 }
 
+// The bulk conversions (compressed collectives on fp16/bf16 data) give the scalar conversions' bits: every code
+// widened, and random floats (NaN, inf, subnormals, ties) narrowed.
+TEST(Reducer, BulkWidenAndNarrowMatchTheScalarConversions) {
+  std::mt19937_64 rng(11);
+  for (const Narrow* f : kNarrow) {
+    const TypeInfo t = info_of(f->dtype);
+    const size_t n = f->num_codes() + 7;  // not a multiple of any vector length
+    std::vector<uint8_t> codes(n * t.size);
+    for (size_t i = 0; i < n; ++i) store_raw(codes, i, t.size, i % f->num_codes());
+    std::vector<float> wide(n);
+    widen_to_float(f->dtype, codes.data(), wide.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      const float want = f->decode(static_cast<uint32_t>(i % f->num_codes()));
+      ASSERT_EQ(std::bit_cast<uint32_t>(wide[i]), std::bit_cast<uint32_t>(want)) << f->name << " code " << i;
+    }
+    std::vector<float> x(4099);
+    for (float& v : x) v = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+    x[0] = kNaN;
+    x[1] = -kInf;
+    x[2] = 0x1p-140f;
+    std::vector<uint8_t> narrow(x.size() * t.size);
+    narrow_from_float(f->dtype, x.data(), narrow.data(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint64_t got = load_raw(narrow, i, t.size), want = f->encode(x[i]);
+      if (f->is_nan(static_cast<uint32_t>(want))) {
+        ASSERT_TRUE(f->is_nan(static_cast<uint32_t>(got))) << f->name << " " << x[i];
+      } else {
+        ASSERT_EQ(got, want) << f->name << " " << x[i];
+      }
+    }
+  }
+  std::vector<float> out(4);
+  const int32_t ints[4] = {1, 2, 3, 4};
+  EXPECT_THROW(widen_to_float(chorusInt32, ints, out.data(), 4), Error);
+  EXPECT_THROW(narrow_from_float(chorusFloat64, out.data(), out.data(), 2), Error);
+}
+
 TEST(Reducer, MinMaxPropagateNaN) {
   for (chorusDataType_t dt :
        {chorusFloat16, chorusFloat32, chorusFloat64, chorusBfloat16, chorusFloat8e4m3, chorusFloat8e5m2}) {

@@ -102,7 +102,8 @@ uint64_t rotation_seed_for_step(uint64_t seed, uint64_t step);
 
 // Throws chorus::Error(chorusInvalidArgument, Kernels) naming the bad field (kind, block, stochastic_rounding).
 void validate(const Codec& c);
-// validate(c), and also that the collective's dtype and op can use the codec: fp32 only; sum or avg (codecs
+// validate(c), and also that the collective's dtype and op can use the codec: fp32, fp16 or bf16 (the codecs
+// themselves read and write fp32: a compressed collective widens fp16/bf16 input first); sum or avg (codecs
 // compress addends; prod, max, min are not sums and are refused).
 void validate(const Codec& c, chorusDataType_t dtype, chorusRedOp_t op);
 

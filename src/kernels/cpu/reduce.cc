@@ -395,6 +395,25 @@ Kernels pick_kernels(chorusDataType_t dtype, ReduceKind kind) {
   throw Error(chorusInvalidArgument, Subsys::Kernels, cat("reducer: invalid datatype ", static_cast<int>(dtype)));
 }
 
+template <class F>
+CHORUS_KERNEL_CLONES void widen_entry(const void* src, float* dst, size_t n) {
+  const auto* s = static_cast<const typename F::Store*>(src);
+  CHORUS_IVDEP
+  for (size_t i = 0; i < n; ++i) dst[i] = F::load(s[i]);
+}
+
+template <class F>
+CHORUS_KERNEL_CLONES void narrow_entry(const float* src, void* dst, size_t n) {
+  auto* d = static_cast<typename F::Store*>(dst);
+  CHORUS_IVDEP
+  for (size_t i = 0; i < n; ++i) d[i] = F::store(src[i]);
+}
+
+[[noreturn]] void not_a_float_type(chorusDataType_t dtype) {
+  throw Error(chorusInvalidArgument, Subsys::Kernels,
+              cat("conversion to or from float32: datatype ", static_cast<int>(dtype), " is not a floating type"));
+}
+
 }  // namespace
 
 Reducer::Reducer(const ReduceSpec& spec) : spec_(spec), elem_(dtype_size(spec.dtype)) {
@@ -419,6 +438,30 @@ void Reducer::copy(void* dst, const void* src, size_t n, bool src_is_input, bool
     return;
   }
   copy_fn_(spec_, dst, src, n, src_is_input, final);
+}
+
+void widen_to_float(chorusDataType_t dtype, const void* src, float* dst, size_t n) {
+  if (n == 0) return;
+  switch (dtype) {
+    case chorusFloat16: return widen_entry<Half>(src, dst, n);
+    case chorusBfloat16: return widen_entry<Bf16>(src, dst, n);
+    case chorusFloat8e4m3: return widen_entry<E4M3>(src, dst, n);
+    case chorusFloat8e5m2: return widen_entry<E5M2>(src, dst, n);
+    case chorusFloat32: std::memcpy(dst, src, n * sizeof(float)); return;
+    default: not_a_float_type(dtype);
+  }
+}
+
+void narrow_from_float(chorusDataType_t dtype, const float* src, void* dst, size_t n) {
+  if (n == 0) return;
+  switch (dtype) {
+    case chorusFloat16: return narrow_entry<Half>(src, dst, n);
+    case chorusBfloat16: return narrow_entry<Bf16>(src, dst, n);
+    case chorusFloat8e4m3: return narrow_entry<E4M3>(src, dst, n);
+    case chorusFloat8e5m2: return narrow_entry<E5M2>(src, dst, n);
+    case chorusFloat32: std::memcpy(dst, src, n * sizeof(float)); return;
+    default: not_a_float_type(dtype);
+  }
 }
 
 }  // namespace chorus::kernels

@@ -50,4 +50,12 @@ class Reducer {
   CopyFn copy_fn_;
 };
 
+// Element-wise conversion between float32 and a floating-point type, n elements: widen_to_float writes
+// dst[i] = src[i] exactly; narrow_from_float rounds to nearest-even with the reducer's rules above (fp16 and e5m2
+// overflow to inf, e4m3 saturates, NaN stays NaN). dtype: chorusFloat16, chorusBfloat16, chorusFloat8e4m3,
+// chorusFloat8e5m2, or chorusFloat32 (a copy); anything else is chorusInvalidArgument. The buffers must not
+// overlap. Thread-safe (no state).
+void widen_to_float(chorusDataType_t dtype, const void* src, float* dst, size_t n);
+void narrow_from_float(chorusDataType_t dtype, const float* src, void* dst, size_t n);
+
 }  // namespace chorus::kernels
