@@ -44,12 +44,14 @@ Program oneshot_allreduce(const ProgramParams& p) {
     throw std::invalid_argument("one-shot sends every input to every rank: at most 64 ranks");
   Program prog = new_program(Coll::AllReduce, "oneshot", p);
   const int n = p.nranks, nch = p.nchannels;
-  auto acc = [](int c) { return ChunkRef{BufKind::Scratch, c}; };
+  // Two scratch blocks: the running sum, and this rank's own contribution once it is in the form the others
+  // receive it in.
+  auto acc = [nch](int block, int c) { return ChunkRef{BufKind::Scratch, block * nch + c}; };
   for (int r = 0; r < n; ++r) {
     RankProgram& rp = prog.ranks[r];
     rp.input = {1, nch};
     rp.output = {1, nch};
-    rp.scratch = {1, nch};
+    rp.scratch = {2, nch};
     for (int ch = 0; ch < nch; ++ch) {
       Lane lane{ch, {}};
       if (n == 1) {
@@ -57,24 +59,30 @@ Program oneshot_allreduce(const ProgramParams& p) {
         rp.lanes.push_back(std::move(lane));
         continue;
       }
-      // Everyone sends its whole input to everyone, then every rank adds the contributions in rank order
-      // 0..n-1 into scratch, so all compute bit for bit the same value, with one hop of latency. The output is
-      // written last, so in place never overwrites an input still to be read.
+      // Everyone sends its whole input to everyone, then every rank evaluates the same expression, bit for bit:
+      // c_0, then c_q (+) sum for q = 1..n-1 in rank order, where c_q is rank q's contribution as it travels (a
+      // pre-multiplied sum's product rounded to the type). A rank's own contribution is first copied into that form
+      // (a Copy from the input applies the scalar and rounds, as a Send does), and added with the same operand
+      // order as a received one (the order decides which NaN's payload survives): the sum moves to the other
+      // scratch block there. One hop of latency. The output is written last, so in place never overwrites an input
+      // still to be read.
       for (int t = 1; t < n; ++t) lane.steps.push_back(send(mod(r + t, n), in(ch)));
+      int cur = 0;  // the scratch block holding the sum
       if (r == 0) {
-        lane.steps.push_back(Step{OpCode::RecvReduce, 1, -1, in(ch), acc(ch), false});  // x1 (+) x0
+        lane.steps.push_back(copy(in(ch), acc(cur, ch), false));
       } else {
-        lane.steps.push_back(recv(0, acc(ch)));
+        lane.steps.push_back(recv(0, acc(cur, ch)));
       }
       for (int q = 1; q < n; ++q) {
-        if (r == 0 && q == 1) continue;
         if (q == r) {
-          lane.steps.push_back(Step{OpCode::Reduce, -1, -1, in(ch), acc(ch), false});
+          lane.steps.push_back(copy(in(ch), acc(1 - cur, ch), false));
+          lane.steps.push_back(Step{OpCode::Reduce, -1, -1, acc(cur, ch), acc(1 - cur, ch), false});
+          cur = 1 - cur;
         } else {
-          lane.steps.push_back(Step{OpCode::RecvReduce, q, -1, acc(ch), acc(ch), false});
+          lane.steps.push_back(Step{OpCode::RecvReduce, q, -1, acc(cur, ch), acc(cur, ch), false});
         }
       }
-      lane.steps.push_back(copy(acc(ch), out(ch), true));
+      lane.steps.push_back(copy(acc(cur, ch), out(ch), true));
       rp.lanes.push_back(std::move(lane));
     }
   }

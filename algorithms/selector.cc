@@ -108,6 +108,7 @@ const char* choice_reason_name(ChoiceReason r) {
   switch (r) {
     case ChoiceReason::PerCall: return "per-call";
     case ChoiceReason::Override: return "CHORUS_ALGO";
+    case ChoiceReason::Pinned: return "CHORUS_DETERMINISTIC";
     case ChoiceReason::CostModel: return "cost model";
   }
   return "?";
@@ -174,6 +175,18 @@ AlgoOverrides parse_algo_overrides(const std::string& spec) {
     }
   }
   return out;
+}
+
+void add_deterministic_rules(AlgoOverrides& overrides) {
+  const std::pair<Coll, const char*> pins[] = {
+      {Coll::AllReduce, "rhd"}, {Coll::ReduceScatter, "rhd"}, {Coll::Reduce, "ring"}};
+  for (const auto& [coll, name] : pins) {
+    AlgoRule r;
+    r.algorithm = name;
+    r.text = cat(coll_spec_name(coll), ":", name);
+    r.pinned = true;
+    overrides.rules[static_cast<size_t>(coll)].push_back(std::move(r));
+  }
 }
 
 int pick_candidate(const std::vector<Candidate>& candidates) {
@@ -395,9 +408,10 @@ std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
     const AlgoRule& rule = overrides_.rules[static_cast<size_t>(coll)][static_cast<size_t>(key.rule)];
     const int i = index_of(rule.algorithm);
     if (i >= 0) generate_named(static_cast<size_t>(i));
+    const std::string what = cat(rule.pinned ? "CHORUS_DETERMINISTIC=1 pin '" : "CHORUS_ALGO rule '", rule.text, "'");
     if (i >= 0 && choice->candidates[static_cast<size_t>(i)].applicable)
-      return take(i, ChoiceReason::Override, cat("CHORUS_ALGO rule '", rule.text, "'"));
-    prefix = cat("CHORUS_ALGO rule '", rule.text, "' ignored: ", rule.algorithm, " ",
+      return take(i, rule.pinned ? ChoiceReason::Pinned : ChoiceReason::Override, what);
+    prefix = cat(what, " ignored: ", rule.algorithm, " ",
                  i >= 0 ? choice->candidates[static_cast<size_t>(i)].note : "is unknown", "; ");
   }
 

@@ -43,7 +43,8 @@ struct AlgoRule {
   uint64_t lo = 0;
   uint64_t hi = UINT64_MAX;  // UINT64_MAX: no upper bound
   std::string algorithm;
-  std::string text;  // the rule as written, for explanations ("allreduce:0-64K:tree")
+  std::string text;     // the rule as written, for explanations ("allreduce:0-64K:tree")
+  bool pinned = false;  // added by CHORUS_DETERMINISTIC (add_deterministic_rules), not written in CHORUS_ALGO
 };
 
 struct AlgoOverrides {
@@ -52,6 +53,12 @@ struct AlgoOverrides {
   const AlgoRule* find(Coll coll, uint64_t bytes) const;
   bool empty() const;
 };
+
+// CHORUS_DETERMINISTIC=1: appends, after the collective's own rules, a rule for every size that pins all-reduce
+// and reduce-scatter to recursive halving/doubling (rhd; an element's additions happen in an order that does not
+// depend on the count) and reduce to the ring, so a float result never changes bits because its size crossed a
+// selection threshold. Its rules are marked `pinned`, and choices they make say so (ChoiceReason::Pinned).
+void add_deterministic_rules(AlgoOverrides& overrides);
 
 // Parses CHORUS_ALGO: `coll:rule[,rule...][;coll:...]`, rule = `[lo-hi:]algorithm`. Collectives: allreduce,
 // allgather, reducescatter, broadcast, reduce, alltoall, alltoallv. Sizes are bytes with an optional K, M or G
@@ -80,6 +87,7 @@ size_t decision_count_low(size_t d);
 enum class ChoiceReason : uint8_t {
   PerCall,    // the call named its algorithm
   Override,   // a CHORUS_ALGO rule
+  Pinned,     // CHORUS_DETERMINISTIC=1's rule
   CostModel,  // the fastest predicted candidate
 };
 const char* choice_reason_name(ChoiceReason r);  // "per-call", "CHORUS_ALGO", "cost model"

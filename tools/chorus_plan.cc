@@ -273,6 +273,11 @@ int main(int argc, char** argv) {
     AlgoOverrides overrides;
     const char* spec = std::getenv("CHORUS_ALGO");
     if (spec && *spec) overrides = parse_algo_overrides(spec);
+    try {
+      if (deterministic_setting()) add_deterministic_rules(overrides);
+    } catch (const Error& e) {
+      usage_error(e.what());
+    }
     if (!algo.empty() && find_algorithm(coll, algo) == nullptr)
       usage_error(
           cat("--algo '", algo, "' is not an algorithm of ", coll_text, " (known: ", algorithm_names(coll), ")"));

@@ -12,6 +12,9 @@
  *    buffer is read or written.
  *  - Thread safety: one communicator is driven by one thread at a time (as with NCCL and MPI); different
  *    communicators may be used from different threads at once. chorusCommAbort may be called from any thread.
+ *    A call made while another thread's call on the same communicator is in progress is chorusInvalidUsage.
+ *    Calls from several threads that do not overlap are not detected: they are the caller's to order, and if
+ *    they reach the ranks in different orders with the same arguments, nothing can tell them apart.
  *  - All ranks of a communicator call its collectives in the same order with matching arguments. A mismatch
  *    (different collective, count, dtype, op or root) is detected and reported on every rank: the mismatched call
  *    fails on every rank that exchanges a message with a mismatched peer; a rank whose own messages all matched may
@@ -86,8 +89,9 @@ typedef enum {
  *    A result beyond the type's range is infinity for fp16, bf16 and fp8 e5m2, and saturates to +-448 for fp8 e4m3,
  *    which has no infinity (a sum of 8 x 448 is 448).
  *  - chorusMin and chorusMax propagate NaN: if any rank holds NaN, the result is NaN.
- *  - chorusAvg on floating types is the sum divided by nranks; on integer types it is the integer sum divided by
- *    nranks, truncated toward zero (C semantics), with the sum computed in the type (wrapping on overflow).
+ *  - chorusAvg on floating types is the sum, rounded to the type as above, divided by nranks (so the same bits
+ *    whichever algorithm runs: an fp8 e4m3 average of 8 x 448 is 448 / 8 = 56); on integer types it is the integer sum
+ * divided by nranks, truncated toward zero (C semantics), with the sum computed in the type (wrapping on overflow).
  *  - chorusProd and chorusSum on integer types wrap modulo 2^bits.
  *  - Pre-multiplied sums are created with chorusRedOpCreatePreMulSum.
  */

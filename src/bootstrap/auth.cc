@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -54,7 +55,7 @@ bool send_now(int fd, const void* data, size_t n) {
 
 }  // namespace
 
-void auth_client(Socket& sock, const Secret& secret, Deadline deadline) {
+void auth_client(Socket& sock, const Secret& secret, Deadline deadline, const std::function<void()>& check) {
   std::string peer = "the peer";
   try {
     peer = sockaddr_to_string(sock.peer_addr());
@@ -83,6 +84,9 @@ void auth_client(Socket& sock, const Secret& secret, Deadline deadline) {
   random_nonce(nonce_c);
   step([&] { sock.send_all(hello, sizeof(hello), deadline); }, "the connection broke before the handshake");
 
+  if (check)
+    while (!sock.wait_readable(Deadline::after_ms(std::min(200, deadline.remaining_ms()))) && !deadline.passed())
+      check();
   uint8_t challenge[kAuthChallengeBytes];
   step([&] { sock.recv_all(challenge, sizeof(challenge), deadline); },
        "it closed the connection instead of answering our hello (not a Chorus service?)");

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "bootstrap/socket.h"
@@ -30,8 +31,10 @@ inline constexpr size_t kAuthProofBytes = kAuthMacBytes;
 // Client side, blocking until `deadline`. Returns once the server accepted our proof. Throws chorusSystemError
 // "authentication refused by <addr>: ..." when the server closes the connection or refuses, or when the server's
 // own proof does not match `secret` (a different job, or not a Chorus service); chorusTimeout when the deadline
-// passes. Thread-safety: uses `sock` exclusively for the duration.
-void auth_client(Socket& sock, const Secret& secret, Deadline deadline);
+// passes. Thread-safety: uses `sock` exclusively for the duration. `check` (optional) is called about every
+// 200 ms while the server has not answered our hello (it answers once it accepts, which a stopped or busy peer may
+// never do): it throws to end the wait (an abort, a peer failure).
+void auth_client(Socket& sock, const Secret& secret, Deadline deadline, const std::function<void()>& check = {});
 
 // Server side as a non-blocking state machine for a poll() loop: call on_readable(fd) whenever the (non-blocking)
 // descriptor is readable. It reads only the bytes of the current frame (never beyond the handshake, so data the

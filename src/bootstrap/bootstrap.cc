@@ -482,7 +482,7 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
     check_stop();
   }
   try {
-    auth_client(sock, id.secret, deadline);
+    auth_client(sock, id.secret, deadline, check_stop);
     write_frame(sock, MsgType::Join, rank, nranks, 0, info.data(), info.size(), deadline);
   } catch (const Error& e) {
     if (e.code() == chorusTimeout) {

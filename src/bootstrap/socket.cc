@@ -219,6 +219,8 @@ void Socket::send_all(const void* data, size_t bytes, Deadline deadline) const {
   }
 }
 
+bool Socket::wait_readable(Deadline deadline) const { return wait_fd(fd_, POLLIN, deadline) != 0; }
+
 void Socket::recv_all(void* data, size_t bytes, Deadline deadline) const {
   char* p = static_cast<char*>(data);
   size_t left = bytes;

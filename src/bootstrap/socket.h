@@ -68,6 +68,10 @@ class Socket {
   void send_all(const void* data, size_t bytes, Deadline deadline) const;
   void recv_all(void* data, size_t bytes, Deadline deadline) const;
 
+  // Waits until the socket is readable (data, end of file or an error: the next recv_all reports which) or
+  // `deadline` passes; true if readable. Reads nothing.
+  bool wait_readable(Deadline deadline) const;
+
   void set_nonblocking(bool on) const;
   void set_nodelay() const;
 

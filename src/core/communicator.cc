@@ -123,6 +123,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
   yield_us_ = static_cast<int>(yield);
   if (timeout_ms_ <= 0) bad_arg(cat("CHORUS_TIMEOUT_MS=", timeout_ms_, " must be positive"));
   algo::AlgoOverrides overrides = algo::parse_algo_overrides(param_str(Param::Algo));
+  if (deterministic_setting()) algo::add_deterministic_rules(overrides);
   // From the secret alone: every rank has the same secret, while the root address each rank resolved itself may
   // differ (a host name that resolves to 127.0.1.1 on its own host).
   comm_id_ = fnv1a(id.secret.data(), id.secret.size());
@@ -144,7 +145,8 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
   self.settings =
       cat("CHORUS_SLICE_BYTES=", slice_bytes_, " CHORUS_FIFO_DEPTH=", fifo_depth_, " CHORUS_NCHANNELS=", nchannels_,
           " CHORUS_TRANSPORTS=", param_str(Param::Transports), " CHORUS_ALGO=", param_str(Param::Algo),
-          " CHORUS_TOPO_FILE=", param_str(Param::TopoFile), " CHORUS_TUNE_FILE=", param_str(Param::TuneFile));
+          " CHORUS_DETERMINISTIC=", param_int(Param::Deterministic), " CHORUS_TOPO_FILE=", param_str(Param::TopoFile),
+          " CHORUS_TUNE_FILE=", param_str(Param::TuneFile));
 
   bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_), check_stop);
   // Past the rendezvous every peer's init succeeds; a failure here must reach them, or their first call would wait
@@ -1167,15 +1169,32 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     for (size_t j = 0; j < out_ptr.size(); ++j) written.push_back({out_ptr[j], out_len[j]});
     for (const P2POp* op : self_recv)
       written.push_back({static_cast<const std::byte*>(op->buf), op->count * dtype_size(op->dtype)});
+    auto overlap = [](const std::byte* a, size_t al, const std::byte* b, size_t bl) {
+      return al > 0 && bl > 0 && a < b + bl && b < a + al;
+    };
     size_t staged = 0;
     std::vector<size_t> stage_at(in_ptr.size(), SIZE_MAX);
     for (size_t i = 0; i < in_ptr.size(); ++i)
       for (const auto& [wp, wl] : written)
-        if (in_len[i] > 0 && wl > 0 && in_ptr[i] < wp + wl && wp < in_ptr[i] + in_len[i]) {
+        if (overlap(in_ptr[i], in_len[i], wp, wl)) {
           stage_at[i] = staged;
           staged += in_len[i];
           break;
         }
+    // Self-sends are copies made in group order, before any message from a peer can land in their source; one whose
+    // source an earlier self-receive of the group overwrites is staged too.
+    std::vector<const std::byte*> self_src(self_send.size());
+    std::vector<size_t> self_len(self_send.size()), self_stage_at(self_send.size(), SIZE_MAX);
+    for (size_t i = 0; i < self_send.size(); ++i) {
+      self_src[i] = static_cast<const std::byte*>(self_send[i]->buf);
+      self_len[i] = self_send[i]->count * dtype_size(self_send[i]->dtype);
+      for (size_t j = 0; j < i; ++j)
+        if (overlap(self_src[i], self_len[i], static_cast<const std::byte*>(self_recv[j]->buf), self_len[j])) {
+          self_stage_at[i] = staged;
+          staged += self_len[i];
+          break;
+        }
+    }
     if (staged > 0) {
       if (staging_.size() < staged) staging_.resize(staged);
       for (size_t i = 0; i < in_ptr.size(); ++i)
@@ -1183,13 +1202,15 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
           std::memcpy(staging_.data() + stage_at[i], in_ptr[i], in_len[i]);
           in_ptr[i] = staging_.data() + stage_at[i];
         }
+      for (size_t i = 0; i < self_src.size(); ++i)
+        if (self_stage_at[i] != SIZE_MAX) {
+          std::memcpy(staging_.data() + self_stage_at[i], self_src[i], self_len[i]);
+          self_src[i] = staging_.data() + self_stage_at[i];
+        }
     }
-    // Self-sends are copies, done before any message from a peer can land in their source.
-    for (size_t i = 0; i < self_send.size(); ++i) {
-      size_t bytes = self_send[i]->count * dtype_size(self_send[i]->dtype);
-      if (bytes > 0 && self_send[i]->buf != self_recv[i]->buf)
-        std::memmove(self_recv[i]->buf, self_send[i]->buf, bytes);
-    }
+    for (size_t i = 0; i < self_send.size(); ++i)
+      if (self_len[i] > 0 && self_src[i] != self_recv[i]->buf)
+        std::memmove(self_recv[i]->buf, self_src[i], self_len[i]);
     for (auto& [key, lane] : lanes) p2p_prog.lanes.push_back(std::move(lane));
     p2p_prog.input = {static_cast<int>(in_ptr.size()), 1};
     p2p_prog.output = {static_cast<int>(out_ptr.size()), 1};

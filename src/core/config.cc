@@ -17,7 +17,9 @@ constexpr ParamInfo kParams[] = {
     {Param::DebugFile, "CHORUS_DEBUG_FILE", "string", "",
      "Write logs to this file instead of stderr; %h is replaced by the host name, %p by the pid."},
     {Param::TimeoutMs, "CHORUS_TIMEOUT_MS", "int", "300000",
-     "Deadline in milliseconds for every blocking wait (rendezvous, connection, collective progress). A wait "
+     "Deadline in milliseconds for every blocking wait (rendezvous, connection) and for each whole call: a "
+     "collective or group must finish within it from its start, however steadily its data moves (it is not an "
+     "inactivity timeout: raise it for calls that move much data over slow links). A wait "
      "that passes it fails with chorusTimeout naming the peer that is missing; a collective's error comes up to "
      "about 2 s later (at most 10 s, with thousands of ranks), while the rank asks the others what they were "
      "doing so that the error can say."},
@@ -67,6 +69,11 @@ constexpr ParamInfo kParams[] = {
      "Algorithm overrides per collective and size, e.g. 'allreduce:0-64K:tree,64K-:ring;allgather:bruck' (sizes "
      "in bytes as the perf tools report them; ranges half-open). Default: the cost model chooses. Names: "
      "chorus-info."},
+    {Param::Deterministic, "CHORUS_DETERMINISTIC", "int", "0",
+     "1 pins the reductions' algorithms across message sizes, so a float result never changes bits because its "
+     "size crossed a selection threshold: all-reduce and reduce-scatter run recursive halving (rhd), whose order "
+     "of additions for an element does not depend on the count, reduce runs the ring. CHORUS_ALGO rules and "
+     "per-call names still come first. Must agree on every rank."},
     {Param::Rank, "CHORUS_RANK", "int", "", "This process's rank (overrides launcher variables)."},
     {Param::NRanks, "CHORUS_NRANKS", "int", "", "Number of ranks (overrides launcher variables)."},
     {Param::LocalRank, "CHORUS_LOCAL_RANK", "int", "", "Rank within this host (overrides launcher variables)."},
@@ -156,6 +163,13 @@ int nchannels_setting() {
   if (nch < 1 || nch > 32)
     throw Error(chorusInvalidArgument, Subsys::Core, cat("CHORUS_NCHANNELS=", nch, " must be between 1 and 32"));
   return static_cast<int>(nch);
+}
+
+bool deterministic_setting() {
+  const int64_t v = param_int(Param::Deterministic);
+  if (v != 0 && v != 1)
+    throw Error(chorusInvalidArgument, Subsys::Core, cat("CHORUS_DETERMINISTIC=", v, " must be 0 or 1"));
+  return v == 1;
 }
 
 }  // namespace chorus

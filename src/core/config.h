@@ -29,6 +29,7 @@ enum class Param : int {
   TopoDumpFile,
   TuneFile,
   Algo,
+  Deterministic,
   Rank,
   NRanks,
   LocalRank,
@@ -61,6 +62,8 @@ bool param_is_set(Param p);
 size_t slice_bytes_setting();
 int fifo_depth_setting();
 int nchannels_setting();
+// CHORUS_DETERMINISTIC: 0 or 1 (anything else is chorusInvalidArgument naming it).
+bool deterministic_setting();
 
 // Parses "64", "64K", "4M", "1G" (powers of 1024). Throws InvalidArgument naming `what` on bad text.
 int64_t parse_size(const std::string& text, const char* what);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <chorus/chorus.hpp>
 #include <cmath>
 #include <cstring>
@@ -1282,6 +1283,17 @@ TEST(PointToPoint, SendToSelfInAGroup) {
     chorusRecv(&b, 1, chorusFloat64, 0, c, nullptr);
     ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
     EXPECT_EQ(b, 4.5);
+    // Chained: every send reads its buffer as it was when the group was issued, also when an earlier receive from
+    // itself writes it (c got a's value when the self-copies were made in order without staging).
+    double x = 1, y = 2, z = 0;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    chorusSend(&x, 1, chorusFloat64, 0, c, nullptr);
+    chorusRecv(&y, 1, chorusFloat64, 0, c, nullptr);
+    chorusSend(&y, 1, chorusFloat64, 0, c, nullptr);
+    chorusRecv(&z, 1, chorusFloat64, 0, c, nullptr);
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(y, 1.0);
+    EXPECT_EQ(z, 2.0);
   });
 }
 
@@ -1673,6 +1685,70 @@ TEST(Faults, APeerFailureHeardBeforeAnyCallFailedIsTheAsyncErrorAndNamesTheNextC
     EXPECT_EQ(async, chorusRemoteError);
     EXPECT_EQ(std::string(chorusGetLastError(c)), call);
   });
+}
+
+// CHORUS_DETERMINISTIC=1: an element of a float all-reduce or reduce has the same bits whatever the call's count,
+// across the sizes where the selector would switch algorithms (without it, a 1024-element and a 1025-element sum of
+// the same data differed in a third of their elements at 4 ranks: oneshot against rhd).
+TEST(Determinism, PinnedReductionsGiveAnElementTheSameBitsAtEverySize) {
+  const std::vector<size_t> counts = {1, 7, 100, 1000, 1025, 4100, 20000, 70001};
+  // Values of mixed signs and magnitudes, so the order of additions shows in the bits.
+  auto value = [](int r, size_t i) {
+    uint64_t h = (static_cast<uint64_t>(r) << 32 | i) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return std::ldexp(static_cast<double>(h & 0xffffff) / 0x1000000 - 0.5, static_cast<int>(h >> 24 & 15) - 7);
+  };
+  for (int n : {3, 4, 5}) {
+    ScopedEnv pin("CHORUS_DETERMINISTIC", "1");
+    World w(n);
+    std::vector<std::vector<std::vector<float>>> ar(n), rd(n), rs(n);
+    std::vector<std::vector<std::vector<double>>> ar64(n);
+    w.run([&](int r, chorusComm_t c) {
+      for (size_t count : counts) {
+        std::vector<float> x(count), y(count), z(count);
+        std::vector<double> x64(count), y64(count);
+        for (size_t i = 0; i < count; ++i) x64[i] = value(r, i);
+        for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(x64[i]);
+        ASSERT_EQ(chorusAllReduce(x.data(), y.data(), count, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+        ASSERT_EQ(chorusAllReduce(x64.data(), y64.data(), count, chorusFloat64, chorusSum, c, nullptr), chorusSuccess);
+        ASSERT_EQ(chorusReduce(x.data(), z.data(), count, chorusFloat32, chorusSum, n - 1, c, nullptr), chorusSuccess);
+        // Reduce-scatter: element i of block b is the same datum at every count.
+        std::vector<float> blocks(count * n), mine(count);
+        for (int b = 0; b < n; ++b)
+          for (size_t i = 0; i < count; ++i)
+            blocks[b * count + i] = static_cast<float>(value(r, (b + 1) * 1000003 + i));
+        ASSERT_EQ(chorusReduceScatter(blocks.data(), mine.data(), count, chorusFloat32, chorusSum, c, nullptr),
+                  chorusSuccess);
+        ar[r].push_back(y);
+        ar64[r].push_back(y64);
+        rd[r].push_back(z);
+        rs[r].push_back(mine);
+      }
+    });
+    for (int r = 0; r < n; ++r)
+      for (size_t k = 0; k < counts.size(); ++k)
+        for (size_t i = 0; i < counts[k]; ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(ar[r][k][i]), std::bit_cast<uint32_t>(ar[0][counts.size() - 1][i]))
+              << "all-reduce n=" << n << " rank " << r << " count " << counts[k] << " element " << i;
+          ASSERT_EQ(std::bit_cast<uint64_t>(ar64[r][k][i]), std::bit_cast<uint64_t>(ar64[0][counts.size() - 1][i]))
+              << "double all-reduce n=" << n << " rank " << r << " count " << counts[k] << " element " << i;
+          ASSERT_EQ(std::bit_cast<uint32_t>(rs[r][k][i]), std::bit_cast<uint32_t>(rs[r][counts.size() - 1][i]))
+              << "reduce-scatter n=" << n << " rank " << r << " count " << counts[k] << " element " << i;
+          if (r == n - 1) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(rd[r][k][i]), std::bit_cast<uint32_t>(rd[r][counts.size() - 1][i]))
+                << "reduce n=" << n << " count " << counts[k] << " element " << i;
+          }
+        }
+  }
+  ScopedEnv bad("CHORUS_DETERMINISTIC", "2");
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c = nullptr;
+  EXPECT_EQ(chorusCommInitRank(&c, 1, id, 0), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("CHORUS_DETERMINISTIC=2 must be 0 or 1"), std::string::npos)
+      << chorusGetLastError(nullptr);
 }
 
 TEST(CppApi, CommAndRequests) {

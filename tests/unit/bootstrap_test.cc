@@ -286,6 +286,25 @@ TEST(Auth, SharedSecretIsAccepted) {
   EXPECT_TRUE(r.ok) << r.why;
 }
 
+// A server that never accepts (a stopped peer, or one waiting for its own failed peers) answers nothing: the
+// client's check ends the wait (an abort, a peer failure) instead of the deadline. It used to wait it out: an abort
+// took the whole CHORUS_TIMEOUT_MS, 19 s in a review's run.
+TEST(Auth, TheCheckEndsAWaitForAServerThatNeverAccepts) {
+  Socket listener = Socket::listen(loopback());  // the kernel completes the connection; nobody accepts it
+  Socket c = Socket::connect(listener.local_addr(), Deadline::after_ms(2000));
+  int checks = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Error e = caught([&] {
+    auth_client(c, random_secret(), Deadline::after_ms(60000), [&] {
+      if (++checks == 3) throw Error(chorusInvalidUsage, Subsys::Core, "aborted");
+    });
+  });
+  const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(e.code(), chorusInvalidUsage) << e.what();
+  EXPECT_EQ(checks, 3);
+  EXPECT_LT(waited_s, 30.0);  // three polls, not the 60 s deadline
+}
+
 TEST(Auth, WrongSecretIsRefusedBothWays) {
   Secret s = random_secret(), other = random_secret();
   Error client_error(chorusSuccess, Subsys::Bootstrap, "");

@@ -152,12 +152,12 @@ TEST(CodecApi, ValidateDtypeAndOp) {
   for (CodecKind k : kAllKinds) {
     EXPECT_NO_THROW(validate(make(k), chorusFloat32, chorusSum));
     EXPECT_NO_THROW(validate(make(k), chorusFloat32, chorusAvg));
-    expect_invalid([&] { validate(make(k), chorusInt32, chorusSum); }, "dtype int32");
+    expect_invalid([&] { validate(make(k), chorusInt32, chorusSum); }, "datatype int32");
     EXPECT_NO_THROW(validate(make(k), chorusFloat16, chorusSum));  // widened by the collective
     EXPECT_NO_THROW(validate(make(k), chorusBfloat16, chorusAvg));
-    expect_invalid([&] { validate(make(k), chorusFloat64, chorusSum); }, "dtype double");
-    expect_invalid([&] { validate(make(k), chorusFloat8e4m3, chorusSum); }, "dtype f8e4m3");
-    expect_invalid([&] { validate(make(k), static_cast<chorusDataType_t>(77), chorusSum); }, "dtype");
+    expect_invalid([&] { validate(make(k), chorusFloat64, chorusSum); }, "datatype double");
+    expect_invalid([&] { validate(make(k), chorusFloat8e4m3, chorusSum); }, "datatype f8e4m3");
+    expect_invalid([&] { validate(make(k), static_cast<chorusDataType_t>(77), chorusSum); }, "datatype invalid (77)");
     expect_invalid([&] { validate(make(k), chorusFloat32, chorusMax); }, "op max");
     expect_invalid([&] { validate(make(k), chorusFloat32, chorusProd); }, "op prod");
     expect_invalid([&] { validate(make(k), chorusFloat32, static_cast<chorusRedOp_t>(42)); }, "op");

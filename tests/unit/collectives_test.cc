@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "algorithms/algorithms.h"
+#include "core/dtype.h"
+#include "kernels/cpu/reduce.h"
 #include "runtime/executor.h"
 #include "tests/common/data.h"
 #include "tests/common/world.h"
@@ -355,6 +357,105 @@ std::string case_name(const ::testing::TestParamInfo<Param>& info) {
   s.append("_").append(std::get<2>(info.param)).append("_");
   s.append(std::to_string(std::get<1>(info.param))).append("ranks");
   return s;
+}
+
+// An average of 16/8-bit floats divides the sum as the type holds it, whichever algorithm (and so whichever step)
+// divides: every algorithm, at sizes on both sides of the selector's thresholds, gives the same bits. The inputs are
+// equal on every rank and their partial sums exact or saturated, so only the division could tell programs apart
+// (it did: an e4m3 average of 8 x 448 was 56 with oneshot and 112 with the others; an fp16 one of 2 x 65504 was
+// inf for small counts and 65504 for large ones).
+TEST(Average, NarrowFloatsGiveTheSameBitsWithEveryAlgorithmAndSize) {
+  struct Case {
+    chorusDataType_t dtype;
+    float value;
+    int n;
+  };
+  for (Case k : {Case{chorusFloat8e4m3, 448.0f, 8}, Case{chorusFloat8e4m3, 448.0f, 2}, Case{chorusFloat16, 65504.0f, 2},
+                 Case{chorusFloat16, 1.333984375f, 3}, Case{chorusFloat8e5m2, 57344.0f, 3}}) {
+    World& w = World::get(k.n);
+    const size_t ts = chorusTypeSize(k.dtype);
+    // The sum the type holds (the partial sums before it are exact or already saturated), divided, rounded.
+    uint16_t v = 0, sum = 0, want = 0;
+    kernels::narrow_from_float(k.dtype, &k.value, &v, 1);
+    const float exact = k.value * static_cast<float>(k.n);
+    float held = 0;
+    kernels::narrow_from_float(k.dtype, &exact, &sum, 1);
+    kernels::widen_to_float(k.dtype, &sum, &held, 1);
+    const float avg = held / static_cast<float>(k.n);
+    kernels::narrow_from_float(k.dtype, &avg, &want, 1);
+    const std::vector<std::pair<algo::Coll, std::vector<const char*>>> algos = {
+        {algo::Coll::AllReduce, {nullptr, "ring", "oneshot", "tree", "rhd", "hier"}},
+        {algo::Coll::ReduceScatter, {nullptr, "ring", "rhd", "pat", "hier"}},
+        {algo::Coll::Reduce, {nullptr, "ring", "tree"}},
+    };
+    for (size_t count : {size_t{1}, size_t{7}, size_t{4099}, size_t{65536}}) {
+      for (const auto& [coll, names] : algos) {
+        for (const char* name : names) {
+          w.run([&](int r, chorusComm_t c) {
+            const size_t in_elems = coll == algo::Coll::ReduceScatter ? count * k.n : count;
+            std::vector<uint8_t> in(in_elems * ts), out(count * ts, 0);
+            for (size_t i = 0; i < in_elems; ++i) std::memcpy(in.data() + i * ts, &v, ts);
+            chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
+            o.algorithm = name;
+            chorusResult_t res = chorusSuccess;
+            if (coll == algo::Coll::AllReduce)
+              res = chorusAllReduceEx(in.data(), out.data(), count, k.dtype, chorusAvg, &o, c, nullptr);
+            else if (coll == algo::Coll::ReduceScatter)
+              res = chorusReduceScatterEx(in.data(), out.data(), count, k.dtype, chorusAvg, &o, c, nullptr);
+            else
+              res = chorusReduceEx(in.data(), out.data(), count, k.dtype, chorusAvg, k.n - 1, &o, c, nullptr);
+            ASSERT_EQ(res, chorusSuccess) << chorusGetLastError(c);
+            if (coll == algo::Coll::Reduce && r != k.n - 1) return;
+            for (size_t i = 0; i < count; ++i) {
+              uint16_t got = 0;
+              std::memcpy(&got, out.data() + i * ts, ts);
+              ASSERT_EQ(got, want) << algo::coll_name(coll) << " " << (name ? name : "(selector)") << " "
+                                   << dtype_name(k.dtype) << " " << k.value << " x " << k.n << " count " << count
+                                   << " rank " << r << " element " << i;
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+// One-shot all-reduce: every rank evaluates the sum itself, so every rank's own contribution must enter it exactly
+// as the others receive it. It did not: a pre-multiplied fp16 product was rounded on the wire but not at home
+// (ranks differed in the last bit), and rank 0 added its operands in the other order (two NaNs: ranks kept
+// different payloads).
+TEST(OneShot, EveryRankEndsWithTheSameBits) {
+  for (int n : {2, 3, 5, 8}) {
+    World& w = World::get(n);
+    const size_t count = 997;
+    std::vector<std::vector<uint16_t>> half(n, std::vector<uint16_t>(count));
+    std::vector<std::vector<uint32_t>> nan_sum(n, std::vector<uint32_t>(2)), nan_max(n, std::vector<uint32_t>(2));
+    w.run([&](int r, chorusComm_t c) {
+      std::vector<uint16_t> x(count);
+      for (size_t i = 0; i < count; ++i) x[i] = static_cast<uint16_t>(0x3c00 + (i * 7 + r * 13) % 64);  // 1.0..
+      uint16_t scalar = 0x3e00;                                                                         // 1.5
+      chorusRedOp_t op;
+      ASSERT_EQ(chorusRedOpCreatePreMulSum(&op, &scalar, chorusFloat16, chorusScalarHostImmediate, c), chorusSuccess);
+      chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
+      o.algorithm = "oneshot";
+      ASSERT_EQ(chorusAllReduceEx(x.data(), half[r].data(), count, chorusFloat16, op, &o, c, nullptr), chorusSuccess)
+          << chorusGetLastError(c);
+      ASSERT_EQ(chorusRedOpDestroy(op, c), chorusSuccess);
+      // Every rank a NaN with its own payload and sign, in both elements.
+      const uint32_t mine = (r % 2 ? 0xffc00000u : 0x7fc00000u) | static_cast<uint32_t>(r + 1);
+      std::vector<uint32_t> v = {mine, mine};
+      ASSERT_EQ(chorusAllReduceEx(v.data(), nan_sum[r].data(), 2, chorusFloat32, chorusSum, &o, c, nullptr),
+                chorusSuccess);
+      ASSERT_EQ(chorusAllReduceEx(v.data(), nan_max[r].data(), 2, chorusFloat32, chorusMax, &o, c, nullptr),
+                chorusSuccess);
+    });
+    for (int r = 1; r < n; ++r) {
+      EXPECT_EQ(half[r], half[0]) << "n=" << n << " rank " << r;
+      EXPECT_EQ(nan_sum[r], nan_sum[0]) << "n=" << n << " rank " << r;
+      EXPECT_EQ(nan_max[r], nan_max[0]) << "n=" << n << " rank " << r;
+    }
+    for (uint32_t v : nan_sum[0]) EXPECT_EQ(v & 0x7fc00000u, 0x7fc00000u) << "n=" << n;  // a NaN
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Local, Collectives, ::testing::ValuesIn(every_algorithm()), case_name);

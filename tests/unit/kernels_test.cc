@@ -384,6 +384,8 @@ uint64_t reference(const Case& c, const TypeInfo& t, uint64_t a, uint64_t b, boo
         case ReduceKind::Min: r = ref_min(x, y); break;
       }
     }
+    // A reduction's average divides the sum as the type holds it (rounded, saturated or overflowed).
+    if (dv && !is_copy) r = decode(dt, encode(dt, r));
     if (dv) r = to_calc(dt, r / s.avg_divisor);
     return encode(dt, r);
   }

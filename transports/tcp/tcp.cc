@@ -205,7 +205,7 @@ class TcpTransport : public Transport {
           if (deadline.passed()) throw;
         }
       }
-      auth_client(sock, secret_, deadline);
+      auth_client(sock, secret_, deadline, s.check_abort);
       Hello hello;
       hello.comm_id = s.comm_id;
       hello.rank = s.rank;

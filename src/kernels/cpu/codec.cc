@@ -853,7 +853,7 @@ void validate(const Codec& c, chorusDataType_t dtype, chorusRedOp_t op) {
   validate(c);
   if (dtype != chorusFloat32 && dtype != chorusFloat16 && dtype != chorusBfloat16) {
     const char* dn = dtype_valid(dtype) ? dtype_name(dtype) : "invalid";
-    fail(prefix(c) + cat("dtype ", dn, " (", static_cast<int>(dtype),
+    fail(prefix(c) + cat("datatype ", dn, " (", static_cast<int>(dtype),
                          ") is not supported: compressed collectives take float32, float16 or bfloat16 input"));
   }
   if (op != chorusSum && op != chorusAvg) {

@@ -266,7 +266,9 @@ CHORUS_ALWAYS_INLINE typename F::Store reduce_elem(typename F::Store a, typename
   auto y = F::load(b);
   if constexpr (kPremul) y = premul(y, p.scalar);
   auto r = combine<K>(F::load(a), y);
-  if constexpr (kDiv) r = divide(r, p.divisor);
+  // The average is the sum as every reduction step leaves it (rounded to the type: fp8 e4m3 saturated, fp16
+  // overflowed to inf), divided: the same bits whichever program, and so whichever step, does the division.
+  if constexpr (kDiv) r = divide(F::load(F::store(r)), p.divisor);
   return F::store(r);
 }
 

@@ -7,7 +7,8 @@
 //  - Integer sum/prod wrap modulo 2^bits; integer avg truncates toward zero.
 //  - premul (pre-multiplied sum): the operand that comes from the user's input buffer is multiplied by the scalar
 //    (in fp32 for 16/8-bit floats, in the type otherwise) before it is combined.
-//  - avg: the final result is divided by nranks (in fp32 / fp64 for floats; integer division for integers).
+//  - avg: the final result is divided by nranks (in fp32 / fp64 for floats; integer division for integers); a
+//    reduction that divides first rounds the sum to the type, so the bits do not depend on which step divides.
 #pragma once
 
 #include <chorus/chorus.h>

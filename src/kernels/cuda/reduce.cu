@@ -212,7 +212,7 @@ __device__ __forceinline__ typename F::Store reduce_elem(typename F::Store a, ty
   auto y = F::load(b);
   if constexpr (kPremul) y = premul(y, p.scalar);
   auto r = combine<K>(F::load(a), y);
-  if constexpr (kDiv) r = divide(r, p.divisor);
+  if constexpr (kDiv) r = divide(F::load(F::store(r)), p.divisor);  // the rounded sum, divided (as reduce.cc)
   return F::store(r);
 }
 
