@@ -942,10 +942,13 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   }
   // A peer that destroyed its communicator before this collective closed its connections on the way out: the
   // symptom here (over tcp, a connection closed by the peer) has that cause, which its goodbye note tells.
+  // Point-to-point groups are not sequenced: there, a peer of the group that left at all is the cause.
   auto departed = [&]() -> std::optional<std::pair<int, uint64_t>> {
-    if ((hdr.seq >> 63) != 0 || hdr.seq == 0) return std::nullopt;  // point-to-point: not sequenced
+    if (hdr.seq == 0) return std::nullopt;
+    const bool p2p = (hdr.seq >> 63) != 0;
     for (const auto& [peer, last] : leave_notes())
-      if (last < hdr.seq) return std::make_pair(peer, last);
+      if (p2p ? std::find(p2p_peers_.begin(), p2p_peers_.end(), peer) != p2p_peers_.end() : last < hdr.seq)
+        return std::make_pair(peer, last);
     return std::nullopt;
   };
   if (!aborted_ && symptom) {
@@ -1142,6 +1145,10 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     std::vector<const P2POp*> self_send, self_recv;
     std::map<std::pair<int, bool>, algo::Lane> lanes;
     std::vector<std::byte*> in_ptr, out_ptr;
+    p2p_peers_.clear();
+    for (const P2POp& op : a.p2p)
+      if (op.peer != rank_ && std::find(p2p_peers_.begin(), p2p_peers_.end(), op.peer) == p2p_peers_.end())
+        p2p_peers_.push_back(op.peer);
     std::vector<size_t> in_len, out_len;
     for (const P2POp& op : a.p2p) {
       size_t bytes = op.count * dtype_size(op.dtype);

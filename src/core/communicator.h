@@ -267,6 +267,7 @@ class CommImpl {
   std::vector<std::byte> staging_;  // inputs staged for in-place all-to-all and grouped send/recv
   std::vector<std::byte> scratch_;  // programs' scratch buffer
   std::vector<float> widened_;      // compressed calls on fp16/bf16 data: the input and output as float32
+  std::vector<int> p2p_peers_;      // the peers of the point-to-point group running (or last run), for its errors
 
   struct PreMul {
     double f = 1.0;

@@ -595,6 +595,33 @@ TEST(PointToPoint, ASendToAPeerThatDestroyedItsCommunicatorFailsAtOnceNamingIt) 
   EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess);
 }
 
+TEST(PointToPoint, AReceiveFromAPeerThatDestroyedItsCommunicatorSinceTheirLastExchangeNamesIt) {
+  // Ranks 0 and 1 exchange (so they are connected), then rank 1 destroys its communicator and rank 0 waits to
+  // receive from it: the error says rank 1 left (it said only "timed out waiting for data from rank 1", or over tcp
+  // "closed by the peer (process died or aborted)": point-to-point errors did not read the leave notes).
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "3000");
+  chorusComm_t c[2] = {nullptr, nullptr};
+  init_pair(c);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      int32_t out = r, in = -1;
+      ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+      chorusSend(&out, 1, chorusInt32, 1 - r, c[r], nullptr);
+      chorusRecv(&in, 1, chorusInt32, 1 - r, c[r], nullptr);
+      ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c[r]);
+      EXPECT_EQ(in, 1 - r);
+    });
+  for (auto& t : ranks) t.join();
+  ASSERT_EQ(chorusCommDestroy(c[1]), chorusSuccess);
+  int32_t in = -1;
+  EXPECT_NE(chorusRecv(&in, 1, chorusInt32, 1, c[0], nullptr), chorusSuccess);
+  const std::string err = chorusGetLastError(c[0]);
+  EXPECT_NE(err.find("rank 1 destroyed its communicator"), std::string::npos) << err;
+  EXPECT_EQ(in, -1);
+  EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess);
+}
+
 TEST(PointToPoint, ASendWaitingForAPeerThatThenDestroysItsCommunicatorFailsNamingIt) {
   // As above, but rank 0's send already waits (its connection request was relayed to rank 1) when rank 1 destroys
   // its communicator. Rank 1's leave note equals rank 2's, so it is not passed to every rank; the root passes it to
