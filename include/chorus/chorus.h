@@ -86,6 +86,10 @@ typedef enum {
  * Reduction operators: values equal NCCL's ncclRedOp_t.
  *  - fp16, bf16 and fp8: each reduction step widens its operands to fp32, combines them and rounds the result to
  *    the type (nearest-even) once; values travel between ranks in the type, so a ring rounds once per hop.
+ *    With CHORUS_FP32_PARTIALS=1, sums, averages, products and pre-multiplied sums of these types carry fp32
+ *    partial sums instead (the data widened to fp32, reduced as fp32, rounded to the type once at the end: twice
+ *    the bytes on the wire for 16-bit types, four times for fp8; the communicator keeps fp32 copies of the input and
+ *    output until chorusCommDestroy, and CHORUS_ALGO size ranges count the fp32 bytes).
  *    A result beyond the type's range is infinity for fp16, bf16 and fp8 e5m2, and saturates to +-448 for fp8 e4m3,
  *    which has no infinity (a sum of 8 x 448 is 448).
  *  - chorusMin and chorusMax propagate NaN: if any rank holds NaN, the result is NaN.

@@ -124,6 +124,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
   if (timeout_ms_ <= 0) bad_arg(cat("CHORUS_TIMEOUT_MS=", timeout_ms_, " must be positive"));
   algo::AlgoOverrides overrides = algo::parse_algo_overrides(param_str(Param::Algo));
   if (deterministic_setting()) algo::add_deterministic_rules(overrides);
+  fp32_partials_ = fp32_partials_setting();
   // From the secret alone: every rank has the same secret, while the root address each rank resolved itself may
   // differ (a host name that resolves to 127.0.1.1 on its own host).
   comm_id_ = fnv1a(id.secret.data(), id.secret.size());
@@ -145,7 +146,8 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
   self.settings =
       cat("CHORUS_SLICE_BYTES=", slice_bytes_, " CHORUS_FIFO_DEPTH=", fifo_depth_, " CHORUS_NCHANNELS=", nchannels_,
           " CHORUS_TRANSPORTS=", param_str(Param::Transports), " CHORUS_ALGO=", param_str(Param::Algo),
-          " CHORUS_DETERMINISTIC=", param_int(Param::Deterministic), " CHORUS_TOPO_FILE=", param_str(Param::TopoFile),
+          " CHORUS_DETERMINISTIC=", param_int(Param::Deterministic),
+          " CHORUS_FP32_PARTIALS=", param_int(Param::Fp32Partials), " CHORUS_TOPO_FILE=", param_str(Param::TopoFile),
           " CHORUS_TUNE_FILE=", param_str(Param::TuneFile));
 
   bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_), check_stop);
@@ -1112,10 +1114,20 @@ size_t CommImpl::error_feedback_elems(const CollArgs& a) const {
   return a.coll == Coll::AllReduce ? 2 * a.count : static_cast<size_t>(nranks_) * a.count;
 }
 
+bool CommImpl::widens(const CollArgs& a) const {
+  if (a.dtype == chorusFloat32) return false;
+  if (a.compressed) return true;  // validated: fp16 or bf16
+  const bool narrow = a.dtype == chorusFloat16 || a.dtype == chorusBfloat16 || a.dtype == chorusFloat8e4m3 ||
+                      a.dtype == chorusFloat8e5m2;
+  return fp32_partials_ && narrow && is_reduction(a.coll) && a.op != chorusMax && a.op != chorusMin;
+}
+
 void CommImpl::run_widened(const CollArgs& a, WireHeader& hdr) {
   const size_t n = static_cast<size_t>(nranks_);
   const size_t in_elems = (a.coll == Coll::ReduceScatter ? n : 1) * a.count;
   const size_t out_elems = (a.coll == Coll::AllGather ? n : 1) * a.count;
+  // Only a reduce's root receives; elsewhere its recvbuff is not to be written (and may be NULL).
+  const bool receives = a.coll != Coll::Reduce || a.root == rank_;
   if (widened_.size() < in_elems + out_elems) widened_.resize(in_elems + out_elems);
   CollArgs w = a;
   w.dtype = chorusFloat32;
@@ -1124,11 +1136,11 @@ void CommImpl::run_widened(const CollArgs& a, WireHeader& hdr) {
   w.recv = widened_.data() + in_elems;
   kernels::widen_to_float(a.dtype, a.send, widened_.data(), in_elems);  // before anything is written: in place
   run_call(w, hdr);
-  kernels::narrow_from_float(a.dtype, widened_.data() + in_elems, a.recv, out_elems);
+  if (receives) kernels::narrow_from_float(a.dtype, widened_.data() + in_elems, a.recv, out_elems);
 }
 
 void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
-  if (a.compressed && a.dtype != chorusFloat32) return run_widened(a, hdr);
+  if (widens(a)) return run_widened(a, hdr);
   const Deadline deadline = Deadline::after_ms(timeout_ms_);
   const int n = nranks_;
   const size_t esz = a.coll == Coll::SendRecv ? 1 : dtype_size(a.coll == Coll::Barrier ? chorusUint8 : a.dtype);
@@ -1560,7 +1572,15 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key, bool has_newcomm) 
     std::memcpy(id.data(), &raw, sizeof(raw));
     for (size_t i = 1; i < members.size(); ++i) bootstrap_->send(members[i].second, kTagSplitId, id);
   } else {
-    Blob id = bootstrap_->recv(members[0].second, kTagSplitId, deadline);
+    Blob id;
+    try {
+      id = bootstrap_->recv(members[0].second, kTagSplitId, deadline);
+    } catch (const Error& e) {
+      check_abort();  // an abort of this communicator, or a peer's failure, named as every call names them
+      throw Error(e.code(), Subsys::Core,
+                  cat("chorusCommSplit: rank ", members[0].second,
+                      ", rank 0 of the new communicator, did not send its unique id: ", without_rank_prefix(e.what())));
+    }
     if (id.size() != sizeof(raw)) throw Error(chorusInternalError, Subsys::Core, "split: malformed unique id");
     std::memcpy(&raw, id.data(), sizeof(raw));
   }

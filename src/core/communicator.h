@@ -58,8 +58,8 @@ struct CollArgs {
   uint64_t codec_step = 0;
   float* error_feedback = nullptr;
   size_t error_feedback_elems = 0;
-  // Set by CommImpl::run_widened on the float32 call it makes for a compressed call on fp16 or bf16 data: the
-  // caller's datatype, which the call's messages carry so that ranks passing different datatypes get a mismatch
+  // Set by CommImpl::run_widened on the float32 call it makes for a call on narrower float data: the caller's
+  // datatype, which the call's messages carry so that ranks passing different datatypes get a mismatch
   // error. chorusNumTypes: not a widened call.
   chorusDataType_t widened_from = chorusNumTypes;
 };
@@ -161,6 +161,9 @@ class CommImpl {
   // communicator's id (equal on every rank), the next number of a call that bypasses the program executor (equal
   // on every rank for the same call), and the timeout for waiting on peers (milliseconds).
   bool all_ranks_in_this_process() const;
+  // True when the call runs as a float32 call on widened copies of its data (run_widened): compressed calls on
+  // fp16/bf16 data, and, with CHORUS_FP32_PARTIALS=1, reductions of fp16/bf16/fp8 data other than min and max.
+  bool widens(const CollArgs& a) const;
   // Whether every rank is on this host and each in a process of its own (the device-direct path over CUDA IPC).
   bool ranks_are_processes_on_this_host() const;
   uint64_t comm_id() const { return comm_id_; }
@@ -188,8 +191,9 @@ class CommImpl {
   topo::Topology make_topology() const;
   void run(const CollArgs& a);
   void run_call(const CollArgs& a, WireHeader& hdr);
-  // A compressed call on fp16 or bf16 data: widens the input to float32 (exact), runs the float32 call, and rounds
-  // its result to the caller's type once (nearest-even), so every rank ends with the same bits.
+  // A call that widens() (a compressed call on fp16 or bf16 data, or a narrow-float reduction with
+  // CHORUS_FP32_PARTIALS=1): widens the input to float32 (exact), runs the float32 call, and rounds its result to
+  // the caller's type once (nearest-even), so every rank ends with the same bits.
   void run_widened(const CollArgs& a, WireHeader& hdr);
   [[noreturn]] void fail_call(const Error& e, const WireHeader& hdr);
   // Connects every (peer, channel) in `needed` not connected yet; the handshake carries `call`'s header, so a peer in
@@ -245,6 +249,7 @@ class CommImpl {
   int fifo_depth_ = 0;
   int nchannels_ = 1;
   bool oversubscribed_ = false;  // more ranks on this host than CPUs
+  bool fp32_partials_ = false;   // CHORUS_FP32_PARTIALS
   int yield_us_ = 1000;
   int64_t timeout_ms_ = 0;
   uint64_t seq_ = 0;
@@ -266,7 +271,7 @@ class CommImpl {
   // Reused for the communicator's life (fresh pages cost more than the copies, MACHINE-NOTES.md):
   std::vector<std::byte> staging_;  // inputs staged for in-place all-to-all and grouped send/recv
   std::vector<std::byte> scratch_;  // programs' scratch buffer
-  std::vector<float> widened_;      // compressed calls on fp16/bf16 data: the input and output as float32
+  std::vector<float> widened_;      // calls that widen(): the input and output as float32
   std::vector<int> p2p_peers_;      // the peers of the point-to-point group running (or last run), for its errors
 
   struct PreMul {

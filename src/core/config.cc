@@ -74,6 +74,11 @@ constexpr ParamInfo kParams[] = {
      "size crossed a selection threshold: all-reduce and reduce-scatter run recursive halving (rhd), whose order "
      "of additions for an element does not depend on the count, reduce runs the ring. CHORUS_ALGO rules and "
      "per-call names still come first. Must agree on every rank."},
+    {Param::Fp32Partials, "CHORUS_FP32_PARTIALS", "int", "0",
+     "1: reductions of fp16, bf16 and fp8 data with sum, avg, prod or a pre-multiplied sum carry fp32 partial sums "
+     "between ranks: the data is widened to fp32, reduced as fp32 and rounded to the type once (the fp32 call's "
+     "result, rounded; twice the bytes on the wire for 16-bit types, four times for fp8). 0: values travel in the "
+     "type and every reduction step rounds. Must agree on every rank."},
     {Param::Rank, "CHORUS_RANK", "int", "", "This process's rank (overrides launcher variables)."},
     {Param::NRanks, "CHORUS_NRANKS", "int", "", "Number of ranks (overrides launcher variables)."},
     {Param::LocalRank, "CHORUS_LOCAL_RANK", "int", "", "Rank within this host (overrides launcher variables)."},
@@ -163,6 +168,13 @@ int nchannels_setting() {
   if (nch < 1 || nch > 32)
     throw Error(chorusInvalidArgument, Subsys::Core, cat("CHORUS_NCHANNELS=", nch, " must be between 1 and 32"));
   return static_cast<int>(nch);
+}
+
+bool fp32_partials_setting() {
+  const int64_t v = param_int(Param::Fp32Partials);
+  if (v != 0 && v != 1)
+    throw Error(chorusInvalidArgument, Subsys::Core, cat("CHORUS_FP32_PARTIALS=", v, " must be 0 or 1"));
+  return v == 1;
 }
 
 bool deterministic_setting() {

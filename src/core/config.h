@@ -30,6 +30,7 @@ enum class Param : int {
   TuneFile,
   Algo,
   Deterministic,
+  Fp32Partials,
   Rank,
   NRanks,
   LocalRank,
@@ -64,6 +65,8 @@ int fifo_depth_setting();
 int nchannels_setting();
 // CHORUS_DETERMINISTIC: 0 or 1 (anything else is chorusInvalidArgument naming it).
 bool deterministic_setting();
+// CHORUS_FP32_PARTIALS: 0 or 1 (anything else is chorusInvalidArgument naming it).
+bool fp32_partials_setting();
 
 // Parses "64", "64K", "4M", "1G" (powers of 1024). Throws InvalidArgument naming `what` on bad text.
 int64_t parse_size(const std::string& text, const char* what);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "algorithms/algorithms.h"
+#include "kernels/cpu/reduce.h"
 #include "tests/common/world.h"
 
 namespace chorus::test {
@@ -1775,6 +1776,85 @@ TEST(Determinism, PinnedReductionsGiveAnElementTheSameBitsAtEverySize) {
   chorusComm_t c = nullptr;
   EXPECT_EQ(chorusCommInitRank(&c, 1, id, 0), chorusInvalidArgument);
   EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("CHORUS_DETERMINISTIC=2 must be 0 or 1"), std::string::npos)
+      << chorusGetLastError(nullptr);
+}
+
+// CHORUS_FP32_PARTIALS=1: narrow-float reductions carry fp32 partial sums and round once at the end. Rank 0 holds
+// 1 and every other rank half a unit in the last place of 1: rounding at every step loses each half unit (ties to
+// even), one rounding at the end keeps their sum.
+TEST(Fp32Partials, NarrowSumsRoundOnceAtTheEnd) {
+  struct Type {
+    chorusDataType_t dtype;
+    float half_ulp;  // of 1.0
+  };
+  for (int n : {3, 4}) {
+    ScopedEnv wide("CHORUS_FP32_PARTIALS", "1");
+    World w(n);
+    for (Type t : {Type{chorusFloat16, 0x1p-11f}, Type{chorusBfloat16, 0x1p-8f}, Type{chorusFloat8e4m3, 0x1p-4f},
+                   Type{chorusFloat8e5m2, 0x1p-3f}}) {
+      const size_t ts = chorusTypeSize(t.dtype), count = 1001;
+      auto narrow = [&](float v) {
+        uint16_t b = 0;
+        kernels::narrow_from_float(t.dtype, &v, &b, 1);
+        return b;
+      };
+      const float sum = 1.0f + static_cast<float>(n - 1) * t.half_ulp;  // exact in fp32
+      const uint16_t want_sum = narrow(sum), want_avg = narrow(sum / static_cast<float>(n)), one = narrow(1.0f),
+                     want_by2 = narrow(2.0f * sum);
+      ASSERT_NE(want_sum, one);  // the test can tell the two apart
+      for (const char* algo : {static_cast<const char*>(nullptr), "ring"}) {
+        w.run([&](int r, chorusComm_t c) {
+          const uint16_t mine = narrow(r == 0 ? 1.0f : t.half_ulp);
+          std::vector<uint8_t> in(count * n * ts), ar(count * ts), avg(count * ts), rs(count * ts), rd(count * ts);
+          for (size_t i = 0; i < count * n; ++i) std::memcpy(in.data() + i * ts, &mine, ts);
+          chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
+          o.algorithm = algo;
+          ASSERT_EQ(chorusAllReduceEx(in.data(), ar.data(), count, t.dtype, chorusSum, &o, c, nullptr), chorusSuccess)
+              << chorusGetLastError(c);
+          ASSERT_EQ(chorusAllReduceEx(in.data(), avg.data(), count, t.dtype, chorusAvg, &o, c, nullptr), chorusSuccess);
+          ASSERT_EQ(chorusReduceScatterEx(in.data(), rs.data(), count, t.dtype, chorusSum, &o, c, nullptr),
+                    chorusSuccess);
+          // In place (the result lands in this rank's block of the input), with a pre-multiplied sum by 2.
+          std::vector<uint8_t> inplace = in;
+          uint16_t two = narrow(2.0f);
+          chorusRedOp_t by2;
+          ASSERT_EQ(chorusRedOpCreatePreMulSum(&by2, &two, t.dtype, chorusScalarHostImmediate, c), chorusSuccess);
+          uint8_t* mine_block = inplace.data() + static_cast<size_t>(r) * count * ts;
+          ASSERT_EQ(chorusReduceScatterEx(inplace.data(), mine_block, count, t.dtype, by2, &o, c, nullptr),
+                    chorusSuccess)
+              << chorusGetLastError(c);
+          ASSERT_EQ(chorusRedOpDestroy(by2, c), chorusSuccess);
+          // Only the root's recvbuff is written: the others pass NULL.
+          ASSERT_EQ(chorusReduceEx(in.data(), r == n - 1 ? rd.data() : nullptr, count, t.dtype, chorusSum, n - 1, &o, c,
+                                   nullptr),
+                    chorusSuccess)
+              << chorusGetLastError(c);
+          for (size_t i = 0; i < count; ++i) {
+            uint16_t got[4] = {0, 0, 0, 0};
+            std::memcpy(&got[0], ar.data() + i * ts, ts);
+            std::memcpy(&got[1], avg.data() + i * ts, ts);
+            std::memcpy(&got[2], rs.data() + i * ts, ts);
+            std::memcpy(&got[3], rd.data() + i * ts, ts);
+            uint16_t by2_got = 0;
+            std::memcpy(&by2_got, mine_block + i * ts, ts);
+            ASSERT_EQ(by2_got, want_by2) << "in-place pre-multiplied reduce-scatter " << t.dtype << " n=" << n;
+            ASSERT_EQ(got[0], want_sum) << "all-reduce " << t.dtype << " n=" << n << " rank " << r;
+            ASSERT_EQ(got[1], want_avg) << "avg " << t.dtype << " n=" << n << " rank " << r;
+            ASSERT_EQ(got[2], want_sum) << "reduce-scatter " << t.dtype << " n=" << n << " rank " << r;
+            if (r == n - 1) {
+              ASSERT_EQ(got[3], want_sum) << "reduce " << t.dtype << " n=" << n;
+            }
+          }
+        });
+      }
+    }
+  }
+  ScopedEnv bad("CHORUS_FP32_PARTIALS", "yes");
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c = nullptr;
+  EXPECT_EQ(chorusCommInitRank(&c, 1, id, 0), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("CHORUS_FP32_PARTIALS"), std::string::npos)
       << chorusGetLastError(nullptr);
 }
 
