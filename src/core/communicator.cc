@@ -775,9 +775,12 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
         check_gone_past(peer, call);
         if (deadline.passed())
           throw Error(chorusTimeout, Subsys::Transport,
-                      cat("timed out waiting for rank ", peer, " to connect (channel ", ch,
-                          "): it has not called this collective, or called it with arguments that need no "
-                          "connection to this rank"));
+                      (call.seq >> 63) != 0
+                          ? cat("timed out waiting for rank ", peer, " to connect (channel ", ch,
+                                "): it has not called a send or receive with this rank")
+                          : cat("timed out waiting for rank ", peer, " to connect (channel ", ch,
+                                "): it has not called this collective, or called it with arguments that need no "
+                                "connection to this rank"));
       }
     }
     if (msg.size() < sizeof(WireHeader) + 1)
@@ -835,7 +838,7 @@ void CommImpl::run(const CollArgs& a) {
   WireHeader hdr;
   hdr.comm_id = comm_id_;
   hdr.coll = static_cast<uint8_t>(a.coll);
-  ActivityScope in_call(activity_, kInCollective);
+  ActivityScope in_call(activity_, a.coll == Coll::SendRecv ? kInPointToPoint : kInCollective);
   // Every failure of a call breaks the communicator and is told to every rank, whatever threw it.
   try {
     run_call(a, hdr);
@@ -855,10 +858,12 @@ CommImpl::Diagnosis CommImpl::diagnose_timeout(const WireHeader* call) {
   } catch (const Error&) {
     return {};
   }
+  // A point-to-point group is not sequenced: what matters is whether its peers were in a point-to-point call at all.
+  const bool p2p = call != nullptr && (call->seq >> 63) != 0;
   // The root relays every question and answer: a little longer for more ranks.
   const int64_t window_ms = std::min<int64_t>(1000 + 2 * nranks_, 10000);
   const Deadline answers = Deadline::after_ms(window_ms);
-  std::vector<std::string> absent, silent, left;
+  std::vector<std::string> absent, silent, left, in_p2p;
   for (int r = 0; r < nranks_; ++r) {
     if (r == rank_) continue;
     Blob b;
@@ -877,15 +882,25 @@ CommImpl::Diagnosis CommImpl::diagnose_timeout(const WireHeader* call) {
     if (b.size() != sizeof(started) + 1) continue;
     std::memcpy(&started, b.data(), sizeof(started));
     const auto doing = static_cast<uint8_t>(b[sizeof(started)]);
-    if (call != nullptr && started < call->seq)
+    const char* now = doing == kInCollective     ? "running collective #"
+                      : doing == kInSplit        ? "in chorusCommSplit after collective #"
+                      : doing == kInPointToPoint ? "in a point-to-point call after collective #"
+                                                 : "idle after collective #";
+    if (p2p) {
+      if (doing == kInPointToPoint)
+        in_p2p.push_back(cat(r));
+      else
+        absent.push_back(cat(r, " (", now, started, ")"));
+    } else if (call != nullptr && started < call->seq) {
       absent.push_back(cat(r, " (its last was #", started,
-                           doing == kInCollective ? ", still running"
-                           : doing == kInSplit    ? ", in chorusCommSplit"
-                                                  : ", now idle",
+                           doing == kInCollective     ? ", still running"
+                           : doing == kInSplit        ? ", in chorusCommSplit"
+                           : doing == kInPointToPoint ? ", in a point-to-point call"
+                                                      : ", now idle",
                            ")"));
-    if (call == nullptr && doing != kInSplit)
-      absent.push_back(
-          cat(r, doing == kInCollective ? " (running collective #" : " (idle after collective #", started, ")"));
+    } else if (call == nullptr && doing != kInSplit) {
+      absent.push_back(cat(r, " (", now, started, ")"));
+    }
   }
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
@@ -894,8 +909,12 @@ CommImpl::Diagnosis CommImpl::diagnose_timeout(const WireHeader* call) {
   };
   Diagnosis d;
   std::string& out = d.suffix;
-  const std::string what = call != nullptr ? cat("collective #", call->seq) : std::string("chorusCommSplit");
+  const std::string what = p2p               ? std::string("a point-to-point call")
+                           : call != nullptr ? cat("collective #", call->seq)
+                                             : std::string("chorusCommSplit");
   if (!absent.empty()) out += cat("; at the timeout, rank(s) ", list(absent), " had not called ", what);
+  if (p2p && !in_p2p.empty())
+    out += cat("; rank(s) ", list(in_p2p), " were in a point-to-point call (waiting, perhaps, for another peer)");
   if (!left.empty()) out += cat("; rank(s) ", list(left), " had left (destroyed its communicator, or exited)");
   if (!silent.empty() && silent.size() == static_cast<size_t>(nranks_ - 1)) {
     out += cat("; no rank answered a status question within ", window_ms,
@@ -934,8 +953,8 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   // bootstrap is about to announce; wait briefly for it so the error names the root cause. Errors this rank found
   // itself (a mismatched header: Runtime) are the root cause already.
   const bool symptom = e.subsys() == Subsys::Transport || e.code() == chorusTimeout;
-  // A timeout of a collective names the peer waited for, which may itself be waiting: ask every rank how far it is.
-  if (!aborted_ && e.code() == chorusTimeout && (hdr.seq >> 63) == 0 && hdr.seq != 0 && !bootstrap_->failed()) {
+  // A timeout names the peer waited for, which may itself be waiting: ask every rank how far it is.
+  if (!aborted_ && e.code() == chorusTimeout && hdr.seq != 0 && !bootstrap_->failed()) {
     const Diagnosis d = diagnose_timeout(&hdr);
     if (d.lead.empty())
       text += d.suffix;

@@ -255,7 +255,7 @@ class CommImpl {
   uint64_t seq_ = 0;
   // How far this rank is, for peers' status questions (answered from the bootstrap's service thread): the last
   // collective started, and what runs now.
-  enum Activity : uint8_t { kIdle = 0, kInCollective = 1, kInSplit = 2 };
+  enum Activity : uint8_t { kIdle = 0, kInCollective = 1, kInSplit = 2, kInPointToPoint = 3 };
   std::atomic<uint64_t> started_{0};
   std::atomic<uint8_t> activity_{kIdle};
   // After a timeout in collective `call` (or, null, in chorusCommSplit): asks every peer how far it is (about 1 s)

@@ -1535,6 +1535,32 @@ TEST(Faults, AMissingRankBecomesATimeoutNamingIt) {
   });
 }
 
+// A point-to-point wait names the peer it waited for, which may be waiting itself: the timeout asks every rank what
+// it was doing. Rank 0 receives from rank 1, which receives from rank 2, which never calls.
+TEST(Faults, APointToPointTimeoutSaysWhatEveryRankWasDoing) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "700");
+  World w(3);  // its own world: the timeout breaks the communicators
+  std::atomic<int> finished{0};
+  std::vector<std::string> errors(3);
+  w.run([&](int r, chorusComm_t c) {
+    if (r == 2) {
+      while (finished < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    std::vector<float> v(1000, 1.0f);
+    EXPECT_NE(chorusRecv(v.data(), v.size(), chorusFloat32, r + 1, c, nullptr), chorusSuccess);
+    errors[r] = chorusGetLastError(c);
+    ++finished;
+  });
+  // Whoever times out first reports it; the other hears of it. Either way the report says rank 2 never called.
+  for (int r = 0; r < 2; ++r) {
+    const std::string& e = errors[r];
+    EXPECT_NE(e.find("SendRecv"), std::string::npos) << e;
+    EXPECT_NE(e.find("2 (idle after collective #0)"), std::string::npos) << e;
+    EXPECT_NE(e.find("had not called a point-to-point call"), std::string::npos) << e;
+  }
+}
+
 // Runs body(rank, comm) on n threads, each with a communicator of its own (not a World's) that the body destroys:
 // for tests in which ranks leave or stop at different times.
 void with_own_communicators(int n, const std::function<void(int, chorusComm_t)>& body) {
