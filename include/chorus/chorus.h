@@ -94,7 +94,8 @@ typedef enum {
  *    which has no infinity (a sum of 8 x 448 is 448).
  *  - chorusMin and chorusMax propagate NaN: if any rank holds NaN, the result is NaN.
  *  - chorusAvg on floating types is the sum, rounded to the type as above, divided by nranks (so the same bits
- *    whichever algorithm runs: an fp8 e4m3 average of 8 x 448 is 448 / 8 = 56); on integer types it is the integer sum
+ *    whichever algorithm runs: an fp8 e4m3 average of 8 x 448 is 448 / 8 = 56; with CHORUS_FP32_PARTIALS=1 it is
+ *    the fp32 average rounded once, 448); on integer types it is the integer sum
  * divided by nranks, truncated toward zero (C semantics), with the sum computed in the type (wrapping on overflow).
  *  - chorusProd and chorusSum on integer types wrap modulo 2^bits.
  *  - Pre-multiplied sums are created with chorusRedOpCreatePreMulSum.

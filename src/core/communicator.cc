@@ -864,14 +864,24 @@ CommImpl::Diagnosis CommImpl::diagnose_timeout(const WireHeader* call) {
   const int64_t window_ms = std::min<int64_t>(1000 + 2 * nranks_, 10000);
   const Deadline answers = Deadline::after_ms(window_ms);
   std::vector<std::string> absent, silent, left, in_p2p;
-  for (int r = 0; r < nranks_; ++r) {
-    if (r == rank_) continue;
+  // A point-to-point group's own peers are listed first, then the ranks they may be waiting for.
+  std::vector<int> order;
+  if (p2p)
+    for (int peer : p2p_peers_) order.push_back(peer);
+  for (int r = 0; r < nranks_; ++r)
+    if (r != rank_ && std::find(order.begin(), order.end(), r) == order.end()) order.push_back(r);
+  Diagnosis d;
+  auto group_peer = [&](int r) {
+    return p2p && std::find(p2p_peers_.begin(), p2p_peers_.end(), r) != p2p_peers_.end();
+  };
+  for (int r : order) {
     Blob b;
     try {
       b = bootstrap_->recv(r, Bootstrap::kTagStatusReply, answers);
     } catch (const Error& e) {
       if (e.code() != chorusTimeout) return {};  // a failure elsewhere: it will be the error
       silent.push_back(cat(r));
+      d.group_peer_stuck = d.group_peer_stuck || group_peer(r);
       continue;
     }
     uint64_t started = 0;
@@ -887,10 +897,12 @@ CommImpl::Diagnosis CommImpl::diagnose_timeout(const WireHeader* call) {
                       : doing == kInPointToPoint ? "in a point-to-point call after collective #"
                                                  : "idle after collective #";
     if (p2p) {
-      if (doing == kInPointToPoint)
+      if (doing == kInPointToPoint) {
         in_p2p.push_back(cat(r));
-      else
+      } else {
         absent.push_back(cat(r, " (", now, started, ")"));
+        d.group_peer_stuck = d.group_peer_stuck || group_peer(r);
+      }
     } else if (call != nullptr && started < call->seq) {
       absent.push_back(cat(r, " (its last was #", started,
                            doing == kInCollective     ? ", still running"
@@ -907,14 +919,13 @@ CommImpl::Diagnosis CommImpl::diagnose_timeout(const WireHeader* call) {
     for (size_t i = 0; i < v.size() && i < 8; ++i) s += cat(i ? ", " : "", v[i]);
     return v.size() > 8 ? cat(s, " and ", v.size() - 8, " more") : s;
   };
-  Diagnosis d;
   std::string& out = d.suffix;
   const std::string what = p2p               ? std::string("a point-to-point call")
                            : call != nullptr ? cat("collective #", call->seq)
                                              : std::string("chorusCommSplit");
   if (!absent.empty()) out += cat("; at the timeout, rank(s) ", list(absent), " had not called ", what);
   if (p2p && !in_p2p.empty())
-    out += cat("; rank(s) ", list(in_p2p), " were in a point-to-point call (waiting, perhaps, for another peer)");
+    out += cat("; rank(s) ", list(in_p2p), " were in a point-to-point call too (waiting on a rank, or in a cycle)");
   if (!left.empty()) out += cat("; rank(s) ", list(left), " had left (destroyed its communicator, or exited)");
   if (!silent.empty() && silent.size() == static_cast<size_t>(nranks_ - 1)) {
     out += cat("; no rank answered a status question within ", window_ms,
@@ -954,8 +965,10 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   // itself (a mismatched header: Runtime) are the root cause already.
   const bool symptom = e.subsys() == Subsys::Transport || e.code() == chorusTimeout;
   // A timeout names the peer waited for, which may itself be waiting: ask every rank how far it is.
+  bool group_peer_stuck = false;
   if (!aborted_ && e.code() == chorusTimeout && hdr.seq != 0 && !bootstrap_->failed()) {
     const Diagnosis d = diagnose_timeout(&hdr);
+    group_peer_stuck = d.group_peer_stuck;
     if (d.lead.empty())
       text += d.suffix;
     else
@@ -963,10 +976,12 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   }
   // A peer that destroyed its communicator before this collective closed its connections on the way out: the
   // symptom here (over tcp, a connection closed by the peer) has that cause, which its goodbye note tells.
-  // Point-to-point groups are not sequenced: there, a peer of the group that left at all is the cause.
+  // Point-to-point groups are not sequenced: there, a peer of the group that left at all is the cause, unless
+  // another peer of the group, still there, had not called (the one that left may have done its part first).
   auto departed = [&]() -> std::optional<std::pair<int, uint64_t>> {
     if (hdr.seq == 0) return std::nullopt;
     const bool p2p = (hdr.seq >> 63) != 0;
+    if (p2p && group_peer_stuck) return std::nullopt;
     for (const auto& [peer, last] : leave_notes())
       if (p2p ? std::find(p2p_peers_.begin(), p2p_peers_.end(), peer) != p2p_peers_.end() : last < hdr.seq)
         return std::make_pair(peer, last);
@@ -1147,7 +1162,17 @@ void CommImpl::run_widened(const CollArgs& a, WireHeader& hdr) {
   const size_t out_elems = (a.coll == Coll::AllGather ? n : 1) * a.count;
   // Only a reduce's root receives; elsewhere its recvbuff is not to be written (and may be NULL).
   const bool receives = a.coll != Coll::Reduce || a.root == rank_;
-  if (widened_.size() < in_elems + out_elems) widened_.resize(in_elems + out_elems);
+  if (widened_.size() < in_elems + out_elems) {
+    try {
+      widened_.resize(in_elems + out_elems);
+    } catch (const std::bad_alloc&) {
+      hdr.seq = seq_ + 1;  // the number the call would have had, as its peers number it
+      throw Error(
+          chorusSystemError, Subsys::Core,
+          cat("out of memory for the float32 copies of this call's data (", (in_elems + out_elems) * 4, " bytes; ",
+              a.compressed ? "compressed calls on 16-bit data" : "CHORUS_FP32_PARTIALS=1", " reduce in float32)"));
+    }
+  }
   CollArgs w = a;
   w.dtype = chorusFloat32;
   w.widened_from = a.dtype;

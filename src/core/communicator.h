@@ -264,6 +264,8 @@ class CommImpl {
   // (every rank that answered had called it): a stopped rank, not the neighbour this rank waited for.
   struct Diagnosis {
     std::string lead, suffix;
+    // A point-to-point call's: a peer of its group, still there, was in no point-to-point call or did not answer.
+    bool group_peer_stuck = false;
   };
   Diagnosis diagnose_timeout(const WireHeader* call);
   uint64_t direct_seq_ = 0;  // calls of the device-direct path

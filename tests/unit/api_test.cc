@@ -1561,6 +1561,64 @@ TEST(Faults, APointToPointTimeoutSaysWhatEveryRankWasDoing) {
   }
 }
 
+// A peer of the group that did its part and then left is not the cause while another peer, still there, never
+// called: rank 0 sends to rank 1 and receives from rank 2; rank 1 receives, then destroys its communicator; rank 2
+// never calls. The error named rank 1 ("destroyed its communicator") and left rank 2 to the small print.
+TEST(Faults, APointToPointTimeoutBlamesThePeerThatNeverCalledNotOneThatLeftAfterItsPart) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "1000");
+  chorusComm_t c[3] = {nullptr, nullptr, nullptr};
+  init_ranks(c);
+  {
+    // Every pair connected first (a group connects to all its peers before it moves data).
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 3; ++r)
+      ranks.emplace_back([&, r] {
+        int32_t out = r, in[3] = {-1, -1, -1};
+        ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+        for (int p = 0; p < 3; ++p) {
+          if (p == r) continue;
+          chorusSend(&out, 1, chorusInt32, p, c[r], nullptr);
+          chorusRecv(&in[p], 1, chorusInt32, p, c[r], nullptr);
+        }
+        ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c[r]);
+        for (int p = 0; p < 3; ++p) EXPECT_EQ(in[p], p == r ? -1 : p);
+        float x = 1.0f;  // and a collective: rank 1's leave note then says #1
+        ASSERT_EQ(chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c[r], nullptr), chorusSuccess);
+        EXPECT_EQ(x, 3.0f);
+      });
+    for (auto& t : ranks) t.join();
+  }
+  std::atomic<bool> done{false};
+  chorusResult_t res = chorusSuccess;
+  std::string err;
+  std::thread rank1([&] {
+    int32_t in = -1;
+    EXPECT_EQ(chorusRecv(&in, 1, chorusInt32, 0, c[1], nullptr), chorusSuccess) << chorusGetLastError(c[1]);
+    EXPECT_EQ(in, 7);
+    EXPECT_EQ(chorusCommDestroy(c[1]), chorusSuccess);
+  });
+  std::thread rank2([&] {
+    while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(chorusCommAbort(c[2]), chorusSuccess);
+  });
+  int32_t out = 7, in = -1;
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  chorusSend(&out, 1, chorusInt32, 1, c[0], nullptr);
+  chorusRecv(&in, 1, chorusInt32, 2, c[0], nullptr);
+  res = chorusGroupEnd();
+  err = chorusGetLastError(c[0]);
+  done = true;
+  rank1.join();
+  rank2.join();
+  EXPECT_EQ(res, chorusTimeout) << err;
+  EXPECT_EQ(err.find("rank 1 destroyed its communicator"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank(s) 2 (idle after collective #1) had not called a point-to-point call"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("rank(s) 1 had left"), std::string::npos) << err;
+  EXPECT_EQ(in, -1);
+  EXPECT_EQ(chorusCommAbort(c[0]), chorusSuccess);
+}
+
 // Runs body(rank, comm) on n threads, each with a communicator of its own (not a World's) that the body destroys:
 // for tests in which ranks leave or stop at different times.
 void with_own_communicators(int n, const std::function<void(int, chorusComm_t)>& body) {
