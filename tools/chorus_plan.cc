@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
     const char* spec = std::getenv("CHORUS_ALGO");
     if (spec && *spec) overrides = parse_algo_overrides(spec);
     try {
-      if (deterministic_setting()) add_deterministic_rules(overrides);
+      if (switch_setting(Param::Deterministic)) add_deterministic_rules(overrides);
     } catch (const Error& e) {
       usage_error(e.what());
     }

@@ -123,8 +123,8 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
   yield_us_ = static_cast<int>(yield);
   if (timeout_ms_ <= 0) bad_arg(cat("CHORUS_TIMEOUT_MS=", timeout_ms_, " must be positive"));
   algo::AlgoOverrides overrides = algo::parse_algo_overrides(param_str(Param::Algo));
-  if (deterministic_setting()) algo::add_deterministic_rules(overrides);
-  fp32_partials_ = fp32_partials_setting();
+  if (switch_setting(Param::Deterministic)) algo::add_deterministic_rules(overrides);
+  fp32_partials_ = switch_setting(Param::Fp32Partials);
   // From the secret alone: every rank has the same secret, while the root address each rank resolved itself may
   // differ (a host name that resolves to 127.0.1.1 on its own host).
   comm_id_ = fnv1a(id.secret.data(), id.secret.size());
@@ -775,12 +775,10 @@ void CommImpl::ensure_connections(const std::vector<std::pair<int, int>>& needed
         check_gone_past(peer, call);
         if (deadline.passed())
           throw Error(chorusTimeout, Subsys::Transport,
-                      (call.seq >> 63) != 0
-                          ? cat("timed out waiting for rank ", peer, " to connect (channel ", ch,
-                                "): it has not called a send or receive with this rank")
-                          : cat("timed out waiting for rank ", peer, " to connect (channel ", ch,
-                                "): it has not called this collective, or called it with arguments that need no "
-                                "connection to this rank"));
+                      cat("timed out waiting for rank ", peer, " to connect (channel ", ch, "): ",
+                          (call.seq >> 63) != 0 ? "it has not called a send or receive with this rank"
+                                                : "it has not called this collective, or called it with arguments "
+                                                  "that need no connection to this rank"));
       }
     }
     if (msg.size() < sizeof(WireHeader) + 1)

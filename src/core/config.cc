@@ -170,17 +170,10 @@ int nchannels_setting() {
   return static_cast<int>(nch);
 }
 
-bool fp32_partials_setting() {
-  const int64_t v = param_int(Param::Fp32Partials);
+bool switch_setting(Param p) {
+  const int64_t v = param_int(p);
   if (v != 0 && v != 1)
-    throw Error(chorusInvalidArgument, Subsys::Core, cat("CHORUS_FP32_PARTIALS=", v, " must be 0 or 1"));
-  return v == 1;
-}
-
-bool deterministic_setting() {
-  const int64_t v = param_int(Param::Deterministic);
-  if (v != 0 && v != 1)
-    throw Error(chorusInvalidArgument, Subsys::Core, cat("CHORUS_DETERMINISTIC=", v, " must be 0 or 1"));
+    throw Error(chorusInvalidArgument, Subsys::Core, cat(param_info(p).name, "=", v, " must be 0 or 1"));
   return v == 1;
 }
 

@@ -63,10 +63,9 @@ bool param_is_set(Param p);
 size_t slice_bytes_setting();
 int fifo_depth_setting();
 int nchannels_setting();
-// CHORUS_DETERMINISTIC: 0 or 1 (anything else is chorusInvalidArgument naming it).
-bool deterministic_setting();
-// CHORUS_FP32_PARTIALS: 0 or 1 (anything else is chorusInvalidArgument naming it).
-bool fp32_partials_setting();
+// A setting that is 0 or 1 (CHORUS_DETERMINISTIC, CHORUS_FP32_PARTIALS): anything else is chorusInvalidArgument
+// naming it.
+bool switch_setting(Param p);
 
 // Parses "64", "64K", "4M", "1G" (powers of 1024). Throws InvalidArgument naming `what` on bad text.
 int64_t parse_size(const std::string& text, const char* what);
