@@ -371,6 +371,16 @@ TEST(GatherScatter, TheBuffersOnlyTheRootUsesAreIgnoredElsewhere) {
   });
 }
 
+// A one-rank init under `name`=`value` fails with chorusInvalidArgument, and the error contains `needle`.
+void expect_init_refused(const char* name, const char* value, const char* needle) {
+  ScopedEnv bad(name, value);
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c = nullptr;
+  EXPECT_EQ(chorusCommInitRank(&c, 1, id, 0), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find(needle), std::string::npos) << chorusGetLastError(nullptr);
+}
+
 TEST(BadInput, TimeoutsBeyondTheClockAreNeverAndYieldOutOfRangeIsRefused) {
   {
     // About 317 years: a wait without end, not an overflow that ends every wait at once.
@@ -383,13 +393,7 @@ TEST(BadInput, TimeoutsBeyondTheClockAreNeverAndYieldOutOfRangeIsRefused) {
       EXPECT_EQ(x, 3.0f);
     });
   }
-  ScopedEnv yield("CHORUS_YIELD_US", "4294967296");  // 2^32: not truncated to 0
-  chorusUniqueId id;
-  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
-  chorusComm_t c = nullptr;
-  EXPECT_EQ(chorusCommInitRank(&c, 1, id, 0), chorusInvalidArgument);
-  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("CHORUS_YIELD_US=4294967296"), std::string::npos)
-      << chorusGetLastError(nullptr);
+  expect_init_refused("CHORUS_YIELD_US", "4294967296", "CHORUS_YIELD_US=4294967296");  // 2^32: not truncated to 0
 }
 
 TEST(BadInput, EveryNullArgumentIsNamed) {
@@ -1854,13 +1858,7 @@ TEST(Determinism, PinnedReductionsGiveAnElementTheSameBitsAtEverySize) {
           }
         }
   }
-  ScopedEnv bad("CHORUS_DETERMINISTIC", "2");
-  chorusUniqueId id;
-  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
-  chorusComm_t c = nullptr;
-  EXPECT_EQ(chorusCommInitRank(&c, 1, id, 0), chorusInvalidArgument);
-  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("CHORUS_DETERMINISTIC=2 must be 0 or 1"), std::string::npos)
-      << chorusGetLastError(nullptr);
+  expect_init_refused("CHORUS_DETERMINISTIC", "2", "CHORUS_DETERMINISTIC=2 must be 0 or 1");
 }
 
 // CHORUS_FP32_PARTIALS=1: narrow-float reductions carry fp32 partial sums and round once at the end. Rank 0 holds
@@ -1933,13 +1931,7 @@ TEST(Fp32Partials, NarrowSumsRoundOnceAtTheEnd) {
       }
     }
   }
-  ScopedEnv bad("CHORUS_FP32_PARTIALS", "yes");
-  chorusUniqueId id;
-  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
-  chorusComm_t c = nullptr;
-  EXPECT_EQ(chorusCommInitRank(&c, 1, id, 0), chorusInvalidArgument);
-  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("CHORUS_FP32_PARTIALS"), std::string::npos)
-      << chorusGetLastError(nullptr);
+  expect_init_refused("CHORUS_FP32_PARTIALS", "yes", "CHORUS_FP32_PARTIALS");
 }
 
 TEST(CppApi, CommAndRequests) {
