@@ -99,6 +99,10 @@ typedef enum {
  * divided by nranks, truncated toward zero (C semantics), with the sum computed in the type (wrapping on overflow).
  *  - chorusProd and chorusSum on integer types wrap modulo 2^bits.
  *  - Pre-multiplied sums are created with chorusRedOpCreatePreMulSum.
+ *  - Float sums may change bits when the message size crosses a point where the selector switches algorithms (the
+ *    order of additions changes). CHORUS_DETERMINISTIC=1 pins all-reduce and reduce-scatter to recursive
+ *    halving/doubling and reduce to the ring, so an element gets the same bits at every size; CHORUS_ALGO rules and
+ *    per-call algorithm names still come first, and CHORUS_NCHANNELS still changes bits.
  */
 typedef enum {
   chorusSum = 0,
