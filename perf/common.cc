@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/config.h"
 #include "kernels/cpu/float_types.h"
 #include "kernels/cpu/reduce.h"
 
@@ -983,14 +984,38 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
   return r;
 }
 
+// The settings of this (the leader's) process: every CHORUS_* setting that is set, except those that say where this
+// rank is in the launch (rank, size, rendezvous, secret), then each CHORUS_* variable that is not a setting, since a
+// misspelt one changes nothing. `algorithm`: the -A flag, which takes precedence over CHORUS_ALGO.
+void print_settings(const std::string& algorithm) {
+  using chorus::Param;
+  constexpr Param kLaunch[] = {Param::Rank,     Param::NRanks, Param::LocalRank,
+                               Param::RootAddr, Param::Secret, Param::LaunchId};
+  std::string line;
+  for (const chorus::ParamInfo& p : chorus::params()) {
+    if (std::find(std::begin(kLaunch), std::end(kLaunch), p.id) != std::end(kLaunch) || !chorus::param_is_set(p.id))
+      continue;
+    line += std::string(" ") + p.name + "=" + chorus::param_str(p.id);
+    if (p.id == Param::Algo && !algorithm.empty()) line += " (-A comes first)";
+  }
+  std::printf("# settings:%s\n", line.empty() ? " defaults (no CHORUS_* setting is set)" : line.c_str());
+  for (const chorus::UnknownSetting& u : chorus::unknown_settings())
+    std::printf("# %s is not a setting: ignored%s%s%s\n", u.name.c_str(), u.nearest.empty() ? "" : " (",
+                u.suggestion().c_str(), u.nearest.empty() ? "" : ")");
+}
+
 void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std::vector<RankInfo>& infos) {
   std::printf("# %s: %s\n", tool.name.c_str(), b.describe().c_str());
   if (tool.flags.find('A') != std::string::npos)  // a Chorus tool (the baselines' algorithms are their own)
   {
     const char* rule = std::getenv("CHORUS_ALGO");
-    std::printf("# algorithm: %s%s%s\n", o.algorithm.empty() ? "chosen by the selector" : o.algorithm.c_str(),
+    std::printf("# algorithm: %s%s%s\n",
+                o.algorithm.empty() ? "chosen by the selector (CHORUS_DEBUG=INFO CHORUS_DEBUG_SUBSYS=ALGORITHMS logs "
+                                      "each choice)"
+                                    : o.algorithm.c_str(),
                 o.algorithm.empty() && rule && *rule ? ", CHORUS_ALGO=" : "",
                 o.algorithm.empty() && rule && *rule ? rule : "");
+    print_settings(o.algorithm);
   }
   if (o.compression != 0) {
     static const char* const kCodecNames[] = {"int8", "fp8_e4m3", "int4", "sign1", "sign_vote"};

@@ -98,10 +98,14 @@ int main(int argc, char** argv) {
   std::printf("Configuration (environment variables):\n");
   for (const chorus::ParamInfo& p : chorus::params()) {
     const char* v = std::getenv(p.name);
-    std::printf("  %-22s %-6s default %-14s%s\n", p.name, p.type, *p.fallback ? p.fallback : "(none)",
-                v ? (std::string("  set: ") + v).c_str() : "");
+    // The secret authenticates every connection of a job: whether it is set, never its value.
+    const std::string shown = v == nullptr ? "" : p.id == chorus::Param::Secret ? "  set" : std::string("  set: ") + v;
+    std::printf("  %-22s %-6s default %-14s%s\n", p.name, p.type, *p.fallback ? p.fallback : "(none)", shown.c_str());
     std::printf("      %s\n", p.doc);
   }
+  for (const chorus::UnknownSetting& u : chorus::unknown_settings())
+    std::printf("  %-22s set but not a setting: ignored%s%s%s\n", u.name.c_str(), u.nearest.empty() ? "" : " (",
+                u.suggestion().c_str(), u.nearest.empty() ? "" : ")");
 
   std::printf(
       "\nTransports (priority order; CHORUS_TRANSPORTS lists those used, and for each peer the first that "

@@ -228,6 +228,7 @@ int main(int argc, char** argv) {
   if (hi < lo) usage_error(cat("--bytes '", bytes_text, "': the upper size is below the lower one"));
 
   try {
+    warn_unknown_settings_once();
     // Topology: file, else CHORUS_TOPO_FILE, else synthetic.
     if (!topo_given && param_is_set(Param::TopoFile)) topo_file = param_str(Param::TopoFile);
     if (!tune_given && param_is_set(Param::TuneFile)) tune_file = param_str(Param::TuneFile);

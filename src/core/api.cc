@@ -369,6 +369,7 @@ chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId) {
 chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank) {
   return guarded(nullptr, [&] {
     if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
+    warn_unknown_settings_once();
     try {
       *comm = wrap(std::make_unique<CommImpl>(decode_unique_id(commId), nranks, rank));
     } catch (const Error& e) {
@@ -385,6 +386,7 @@ chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId
 chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
   return guarded(nullptr, [&] {
     if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
+    warn_unknown_settings_once();  // before the launch variables are read: a misspelt one is why they fail
     LaunchEnv env = read_launch_env();
     UniqueIdData id;
     id.secret = env.secret;

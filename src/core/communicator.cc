@@ -114,28 +114,35 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
     : rank_(rank), nranks_(nranks), secret_(id.secret) {
   if (nranks < 1) bad_arg(cat("nranks=", nranks, " must be at least 1"));
   if (rank < 0 || rank >= nranks) bad_arg(cat("rank=", rank, " is out of range [0, ", nranks, ")"));
-  slice_bytes_ = slice_bytes_setting();
-  fifo_depth_ = fifo_depth_setting();
-  nchannels_ = nchannels_setting();
-  timeout_ms_ = param_int(Param::TimeoutMs);
-  const int64_t yield = param_int(Param::YieldUs);
-  if (yield < 0 || yield > 10000000) bad_arg(cat("CHORUS_YIELD_US=", yield, " must be between 0 and 1e7"));
-  yield_us_ = static_cast<int>(yield);
-  if (timeout_ms_ <= 0) bad_arg(cat("CHORUS_TIMEOUT_MS=", timeout_ms_, " must be positive"));
-  algo::AlgoOverrides overrides = algo::parse_algo_overrides(param_str(Param::Algo));
-  if (switch_setting(Param::Deterministic)) algo::add_deterministic_rules(overrides);
-  fp32_partials_ = switch_setting(Param::Fp32Partials);
-  // From the secret alone: every rank has the same secret, while the root address each rank resolved itself may
-  // differ (a host name that resolves to 127.0.1.1 on its own host).
-  comm_id_ = fnv1a(id.secret.data(), id.secret.size());
+  // The settings, read once here. A refused one names this rank: under a launcher every process prints its own
+  // error, and a setting may be wrong on one rank only.
+  algo::AlgoOverrides overrides;
+  try {
+    slice_bytes_ = slice_bytes_setting();
+    fifo_depth_ = fifo_depth_setting();
+    nchannels_ = nchannels_setting();
+    timeout_ms_ = param_int(Param::TimeoutMs);
+    const int64_t yield = param_int(Param::YieldUs);
+    if (yield < 0 || yield > 10000000) bad_arg(cat("CHORUS_YIELD_US=", yield, " must be between 0 and 1e7"));
+    yield_us_ = static_cast<int>(yield);
+    if (timeout_ms_ <= 0) bad_arg(cat("CHORUS_TIMEOUT_MS=", timeout_ms_, " must be positive"));
+    overrides = algo::parse_algo_overrides(param_str(Param::Algo));
+    if (switch_setting(Param::Deterministic)) algo::add_deterministic_rules(overrides);
+    fp32_partials_ = switch_setting(Param::Fp32Partials);
+    // From the secret alone: every rank has the same secret, while the root address each rank resolved itself may
+    // differ (a host name that resolves to 127.0.1.1 on its own host).
+    comm_id_ = fnv1a(id.secret.data(), id.secret.size());
 
-  std::vector<std::string> names = split_list(param_str(Param::Transports));
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (std::find(names.begin(), names.begin() + i, names[i]) != names.begin() + i)
-      bad_arg(cat("CHORUS_TRANSPORTS='", param_str(Param::Transports), "' lists '", names[i], "' twice"));
-    transports_.push_back(make_transport(names[i], secret_));
+    std::vector<std::string> names = split_list(param_str(Param::Transports));
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (std::find(names.begin(), names.begin() + i, names[i]) != names.begin() + i)
+        bad_arg(cat("CHORUS_TRANSPORTS='", param_str(Param::Transports), "' lists '", names[i], "' twice"));
+      transports_.push_back(make_transport(names[i], secret_));
+    }
+    if (transports_.empty()) bad_arg("CHORUS_TRANSPORTS lists no transport");
+  } catch (const Error& e) {
+    throw Error(e.code(), e.subsys(), cat("rank ", rank, ": ", e.what()));
   }
-  if (transports_.empty()) bad_arg("CHORUS_TRANSPORTS lists no transport");
   PeerInfo self = local_peer_info(rank);
   self.hosts_root = root_serving_here(id.secret);
   for (auto& t : transports_) {

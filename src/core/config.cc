@@ -1,9 +1,17 @@
 #include "core/config.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string_view>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace chorus {
 
@@ -175,6 +183,70 @@ bool switch_setting(Param p) {
   if (v != 0 && v != 1)
     throw Error(chorusInvalidArgument, Subsys::Core, cat(param_info(p).name, "=", v, " must be 0 or 1"));
   return v == 1;
+}
+
+namespace {
+// Levenshtein distance (insertions, deletions, substitutions each cost 1).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+}  // namespace
+
+std::string UnknownSetting::suggestion() const {
+  std::string text;
+  for (size_t i = 0; i < nearest.size(); ++i) text += cat(i == 0 ? "did you mean " : " or ", nearest[i]);
+  return nearest.empty() ? text : text + "?";
+}
+
+std::vector<UnknownSetting> unknown_settings() {
+  constexpr std::string_view kPrefix = "CHORUS_";
+  std::vector<UnknownSetting> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const size_t eq = entry.find('=');
+    if (!entry.starts_with(kPrefix) || eq == std::string_view::npos) continue;  // getenv never sees one without =
+    UnknownSetting u{std::string(entry.substr(0, eq)), {}};
+    if (u.name == "CHORUS_BUILD" ||
+        std::any_of(std::begin(kParams), std::end(kParams), [&](const ParamInfo& p) { return u.name == p.name; }))
+      continue;
+    std::string upper = u.name;
+    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    size_t best = 3;  // suggest only names at most 3 edits away
+    for (const ParamInfo& p : kParams) {
+      const size_t d = edit_distance(upper, p.name);
+      if (d < best) {
+        best = d;
+        u.nearest.clear();
+      }
+      if (d == best) u.nearest.push_back(p.name);
+    }
+    out.push_back(std::move(u));
+  }
+  std::sort(out.begin(), out.end(), [](const UnknownSetting& a, const UnknownSetting& b) { return a.name < b.name; });
+  out.erase(std::unique(out.begin(), out.end(),
+                        [](const UnknownSetting& a, const UnknownSetting& b) { return a.name == b.name; }),
+            out.end());
+  return out;
+}
+
+void warn_unknown_settings_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const UnknownSetting& u : unknown_settings())
+      CHORUS_WARN(Core, "%s is set but is not a Chorus setting, so it is ignored%s%s (chorus-info lists the settings)",
+                  u.name.c_str(), u.nearest.empty() ? "" : "; ", u.suggestion().c_str());
+  });
 }
 
 }  // namespace chorus

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace chorus {
 
@@ -66,6 +67,25 @@ int nchannels_setting();
 // A setting that is 0 or 1 (CHORUS_DETERMINISTIC, CHORUS_FP32_PARTIALS): anything else is chorusInvalidArgument
 // naming it.
 bool switch_setting(Param p);
+
+// A CHORUS_* environment variable that is not a setting of params(), so nothing reads it: usually a misspelt
+// setting, which would otherwise be silently ignored.
+struct UnknownSetting {
+  std::string name;
+  // The settings nearest in spelling, letter case ignored, at most 3 edits away (CHORUS_FP32_PARTIAL:
+  // CHORUS_FP32_PARTIALS; CHORUS_nchannels: CHORUS_NCHANNELS); all of them when several are equally near
+  // (CHORUS_NRANK: CHORUS_RANK and CHORUS_NRANKS). Empty when none is that near.
+  std::vector<std::string> nearest;
+  // "did you mean A?" or "did you mean A or B?"; "" when `nearest` is empty.
+  std::string suggestion() const;
+};
+// The unknown CHORUS_* variables set now (each once, sorted by name). CHORUS_BUILD, the build folder Chorus's
+// scripts take, is not reported. Reads the environment: safe from several threads as long as none changes the
+// environment meanwhile (setenv).
+std::vector<UnknownSetting> unknown_settings();
+// Logs a CHORUS_WARN for each unknown_settings() entry, the first time it is called in the process; the inits
+// (chorusCommInitRank, chorusCommInitFromEnv) and chorus-plan call it first thing. Thread-safe.
+void warn_unknown_settings_once();
 
 // Parses "64", "64K", "4M", "1G" (powers of 1024). Throws InvalidArgument naming `what` on bad text.
 int64_t parse_size(const std::string& text, const char* what);

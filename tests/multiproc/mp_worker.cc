@@ -459,8 +459,8 @@ int main(int argc, char** argv) {
     // Rank 0 serves the rendezvous (torchrun's variables) and destroys its communicator while rank 1 is still
     // connected; then a child it forks exits. The child inherited the exit handler that waits for the rendezvous
     // service's connected ranks, but not the service's threads: it must not wait (it used to wait until
-    // CHORUS_TIMEOUT_MS). Rank 1 says goodbye only once the child is gone (CHORUS_TEST_FLAG appears).
-    const char* flag = std::getenv("CHORUS_TEST_FLAG");
+    // CHORUS_TIMEOUT_MS). Rank 1 says goodbye only once the child is gone (MP_WORKER_FLAG appears).
+    const char* flag = std::getenv("MP_WORKER_FLAG");
     std::vector<float> v(8, 1.0f);
     res = chorusAllReduce(v.data(), v.data(), v.size(), chorusFloat32, chorusSum, comm, nullptr);
     rc = res == chorusSuccess && v[0] == static_cast<float>(g_n) && flag ? 0 : 1;

@@ -185,7 +185,7 @@ TEST(Bootstrap, AChildForkedByTheRendezvousHostExitsWithoutWaitingForItsRanks) {
   const std::string flag = "/tmp/chorus_fork_exit_" + pid, log0 = "/tmp/chorus_fork_exit0_" + pid + ".log";
   const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(31000 + getpid() % 1000) +
                           " WORLD_SIZE=2 TORCHELASTIC_RUN_ID=fork" + pid +
-                          " CHORUS_TIMEOUT_MS=60000 CHORUS_TEST_FLAG=" + flag;
+                          " CHORUS_TIMEOUT_MS=60000 MP_WORKER_FLAG=" + flag;
   Result r = run("sh -c '" + env + " RANK=0 LOCAL_RANK=0 " + MP_WORKER + " fork-exit > " + log0 + " 2>&1 & " + env +
                  " RANK=1 LOCAL_RANK=1 " + MP_WORKER + " fork-exit; s1=$?; wait $!; s0=$?; cat " + log0 + "; rm -f " +
                  log0 + " " + flag + "; exit $((s0 + s1))'");
@@ -353,6 +353,19 @@ TEST(Launcher, RanksDieWithAKilledLauncher) {
   }
 }
 
+// chorus-info shows each setting's value, except the secret's (it authenticates every connection of a job), and
+// points out a CHORUS_* variable that is not a setting.
+TEST(ChorusInfo, ShowsSettingsButNotTheSecretAndPointsOutAMisspeltOne) {
+  const std::string secret = "0123456789abcdef0123456789abcdef";
+  Result r = run("env CHORUS_SECRET=" + secret + " CHORUS_NCHANNELS=3 CHORUS_TIMOUT_MS=5 " + CHORUS_INFO);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find(secret), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("set: 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CHORUS_TIMOUT_MS       set but not a setting: ignored (did you mean CHORUS_TIMEOUT_MS?)"),
+            std::string::npos)
+      << r.out;
+}
+
 #ifdef ALL_REDUCE_PERF
 TEST(Launcher, SettingsThatDifferBetweenRanksAreNamedOneByOne) {
   // Each rank's init compares the settings that choose programs; the error names the one that differs (it used to
@@ -361,6 +374,35 @@ TEST(Launcher, SettingsThatDifferBetweenRanksAreNamedOneByOne) {
                  " -b 8 -e 8 -n 1 -w 0'");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("settings differ between ranks: CHORUS_NCHANNELS='1' here but '2' on rank 1"), std::string::npos)
+      << r.out;
+}
+
+// The header says which settings the run used, and a CHORUS_* variable that is not a setting (a misspelt one, which
+// changes nothing) is pointed out, by the header and once per process by the library's warning.
+TEST(PerfTools, TheHeaderNamesTheSettingsInEffectAndAMisspeltOne) {
+  Result r = run("env CHORUS_NCHANNELS=2 CHORUS_FP32_PARTIAL=1 " + std::string(ALL_REDUCE_PERF) +
+                 " -t 2 -b 8 -e 8 -n 1 -w 0 -d half");
+  EXPECT_EQ(r.code, 0) << r.out;
+  const size_t settings = r.out.find("# settings:");
+  ASSERT_NE(settings, std::string::npos) << r.out;
+  const std::string line = r.out.substr(settings, r.out.find('\n', settings) - settings);
+  EXPECT_NE(line.find(" CHORUS_NCHANNELS=2"), std::string::npos) << line;
+  EXPECT_EQ(line.find("CHORUS_FP32_PARTIAL"), std::string::npos) << line;
+  EXPECT_NE(r.out.find("# CHORUS_FP32_PARTIAL is not a setting: ignored (did you mean CHORUS_FP32_PARTIALS?)"),
+            std::string::npos)
+      << r.out;
+  const std::string warning =
+      "CHORUS_FP32_PARTIAL is set but is not a Chorus setting, so it is ignored; did you mean CHORUS_FP32_PARTIALS?";
+  const size_t first = r.out.find(warning);
+  ASSERT_NE(first, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(warning, first + 1), std::string::npos) << "warned more than once per process:\n" << r.out;
+  // A misspelt launch variable is why the init fails, so the warning comes before the launch variables are read.
+  r = run("env CHORUS_RANK=0 CHORUS_NRANKS=1 CHORUS_ROOT_ADRR=127.0.0.1:1 CHORUS_SECRET=" + std::string(32, 'a') + " " +
+          ALL_REDUCE_PERF + " -b 8 -e 8 -n 1 -w 0");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CHORUS_ROOT_ADRR is set but is not a Chorus setting, so it is ignored; did you mean "
+                       "CHORUS_ROOT_ADDR?"),
+            std::string::npos)
       << r.out;
 }
 

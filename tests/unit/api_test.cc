@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chorus/chorus.hpp>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "algorithms/algorithms.h"
+#include "core/config.h"
 #include "kernels/cpu/reduce.h"
 #include "tests/common/world.h"
 
@@ -229,6 +231,34 @@ TEST(BadInput, BadAlgoOverridesFailInitNamingTheVariable) {
   EXPECT_NE(err.find("nosuch"), std::string::npos) << err;
 }
 
+// A CHORUS_* variable that is not a setting changes nothing, so it is reported (a warning at init, the perf tools'
+// header, chorus-info) with the setting nearest in spelling when one is close.
+TEST(Settings, VariablesThatAreNoSettingAreFoundWithTheNearestName) {
+  ScopedEnv typo("CHORUS_FP32_PARTIAL", "1");
+  ScopedEnv swapped("CHORUS_TIMOEUT_MS", "5");
+  ScopedEnv lower("CHORUS_nchannels", "2");
+  ScopedEnv tie("CHORUS_NRANK", "4");
+  ScopedEnv far("CHORUS_QQQQQQQQQQQQQ", "1");
+  ScopedEnv empty("CHORUS_FIFODEPTH", "");
+  ScopedEnv known("CHORUS_NCHANNELS", "2");
+  ScopedEnv scripts("CHORUS_BUILD", "build/release");
+  const std::vector<std::string> set_here = {typo.name_, swapped.name_, lower.name_, tie.name_,
+                                             far.name_,  empty.name_,   known.name_, scripts.name_};
+  std::vector<std::pair<std::string, std::string>> found;  // of the variables set here (the caller's may add more)
+  for (const chorus::UnknownSetting& u : chorus::unknown_settings())
+    if (std::find(set_here.begin(), set_here.end(), u.name) != set_here.end())
+      found.emplace_back(u.name, u.suggestion());
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"CHORUS_FIFODEPTH", "did you mean CHORUS_FIFO_DEPTH?"},
+      {"CHORUS_FP32_PARTIAL", "did you mean CHORUS_FP32_PARTIALS?"},
+      {"CHORUS_NRANK", "did you mean CHORUS_RANK or CHORUS_NRANKS?"},
+      {"CHORUS_QQQQQQQQQQQQQ", ""},
+      {"CHORUS_TIMOEUT_MS", "did you mean CHORUS_TIMEOUT_MS?"},
+      {"CHORUS_nchannels", "did you mean CHORUS_NCHANNELS?"},
+  };
+  EXPECT_EQ(found, expected);
+}
+
 // Ranks that force different algorithms for one call are told so (both fingerprints name the algorithm) instead of
 // exchanging messages of two different programs.
 TEST(Communicator, DifferentAlgorithmsForOneCallAreAMismatch) {
@@ -371,14 +401,16 @@ TEST(GatherScatter, TheBuffersOnlyTheRootUsesAreIgnoredElsewhere) {
   });
 }
 
-// A one-rank init under `name`=`value` fails with chorusInvalidArgument, and the error contains `needle`.
+// A one-rank init under `name`=`value` fails with chorusInvalidArgument, and the error contains "rank 0: " `needle`.
 void expect_init_refused(const char* name, const char* value, const char* needle) {
   ScopedEnv bad(name, value);
   chorusUniqueId id;
   ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
   chorusComm_t c = nullptr;
   EXPECT_EQ(chorusCommInitRank(&c, 1, id, 0), chorusInvalidArgument);
-  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find(needle), std::string::npos) << chorusGetLastError(nullptr);
+  // Each process of a launch prints its own error, so it names the rank.
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find(std::string("rank 0: ") + needle), std::string::npos)
+      << chorusGetLastError(nullptr);
 }
 
 TEST(BadInput, TimeoutsBeyondTheClockAreNeverAndYieldOutOfRangeIsRefused) {
