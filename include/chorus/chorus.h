@@ -10,6 +10,10 @@
  *    (nested for a split of a split); the ranks named after it are numbered in the split communicator.
  *  - Arguments are validated before anything happens: a bad argument returns chorusInvalidArgument and no
  *    buffer is read or written.
+ *  - A failure of a call (a peer that died or called a mismatched collective, a timeout) breaks the communicator,
+ *    as in NCCL: every later call on it, chorusCommSplit included, and the non-blocking requests queued behind the
+ *    failed call return that failure's code and text unchanged. The text names the call that failed (say
+ *    "AllReduce #1"), not the later one. chorusCommDestroy and chorusCommAbort still free it.
  *  - Thread safety: one communicator is driven by one thread at a time (as with NCCL and MPI); different
  *    communicators may be used from different threads at once. chorusCommAbort may be called from any thread.
  *    A call made while another thread's call on the same communicator is in progress is chorusInvalidUsage.

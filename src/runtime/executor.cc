@@ -292,9 +292,11 @@ class Run {
     const bool their_last = (got.flags & WireHeader::kLastSlice) != 0;
     if (got.bytes != bytes || their_last != last)
       throw Error(chorusRemoteError, Subsys::Runtime,
-                  cat(describe_call(p_.rank, p_.header), ": rank ", s.recv_peer, " sent ", got.bytes, " bytes",
-                      their_last ? " as its last message" : " with more to follow", " where this rank expected ", bytes,
-                      last ? " as the last" : " with more to follow", ": the two sides' counts disagree"));
+                  cat(describe_call(p_.rank, p_.header), ": rank ", s.recv_peer, " sent a slice of ", got.bytes,
+                      " bytes", their_last ? " that ends its message" : " with more of its message to follow",
+                      " where this rank expected one of ", bytes, " bytes",
+                      last ? " that ends the message" : " with more of the message to follow",
+                      ": the two sides' counts disagree"));
   }
 
   bool try_step(const Step& s, const StepConns& c, size_t slice) {
