@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/communicator.h"
 #include "core/config.h"
 #include "kernels/cpu/float_types.h"
 #include "kernels/cpu/reduce.h"
@@ -722,6 +723,7 @@ struct Measured {
   double busbw = 0;
   int64_t wrong = -1;     // -1: not checked
   double rel_error = -1;  // compressed calls: relative L2 error against the fp64 reference; -1: not measured
+  std::string algorithm;  // what the timed calls ran (Backend::last_algorithm); empty for the baselines
 };
 
 struct Row {
@@ -942,6 +944,7 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
   const double local_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / o.iters;
 
   Measured r;
+  r.algorithm = b.last_algorithm();  // before the timing's own all-reduce
   r.time_us = reduce_time(b, local_us, o.average);
   r.algbw = r.time_us > 0 ? static_cast<double>(l.bytes) / (r.time_us * 1e3) : 0.0;  // bytes/us/1e3 = GB/s
   r.busbw = r.algbw * s.coll.bus_factor(b.nranks());
@@ -1009,12 +1012,10 @@ void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std:
   if (tool.flags.find('A') != std::string::npos)  // a Chorus tool (the baselines' algorithms are their own)
   {
     const char* rule = std::getenv("CHORUS_ALGO");
-    std::printf("# algorithm: %s%s%s\n",
-                o.algorithm.empty() ? "chosen by the selector (CHORUS_DEBUG=INFO CHORUS_DEBUG_SUBSYS=ALGORITHMS logs "
-                                      "each choice)"
-                                    : o.algorithm.c_str(),
-                o.algorithm.empty() && rule && *rule ? ", CHORUS_ALGO=" : "",
-                o.algorithm.empty() && rule && *rule ? rule : "");
+    std::printf(
+        "# algorithm: %s%s%s\n",
+        o.algorithm.empty() ? "chosen by the selector (the footer lists what each size ran)" : o.algorithm.c_str(),
+        o.algorithm.empty() && rule && *rule ? ", CHORUS_ALGO=" : "", o.algorithm.empty() && rule && *rule ? rule : "");
     print_settings(o.algorithm);
   }
   if (o.compression != 0) {
@@ -1050,6 +1051,42 @@ bool can_write(const std::string& path) {
   return access(dir.c_str(), W_OK | X_OK) == 0;
 }
 
+// The algorithms the rows ran, one line per dtype, op and root: size ranges (bytes) and the algorithm of each,
+// out of place, then in place where that differs. Empty when no row names one (the baselines).
+std::vector<std::string> algorithm_summary(const std::vector<Row>& rows) {
+  std::vector<std::string> lines;
+  for (size_t first = 0; first < rows.size();) {
+    size_t end = first;
+    while (end < rows.size() && rows[end].dtype == rows[first].dtype && rows[end].op == rows[first].op &&
+           rows[end].root == rows[first].root && (end == first || rows[end].bytes > rows[end - 1].bytes))
+      ++end;
+    std::string ranges[2];
+    for (int p = 0; p < 2; ++p) {
+      for (size_t i = first; i < end;) {
+        size_t j = i;
+        while (j + 1 < end && rows[j + 1].place[p].algorithm == rows[i].place[p].algorithm) ++j;
+        const std::string& name = rows[i].place[p].algorithm;
+        if (!ranges[p].empty()) ranges[p] += ", ";
+        ranges[p] += std::to_string(rows[i].bytes);
+        if (j > i) ranges[p].append("-").append(std::to_string(rows[j].bytes));
+        ranges[p].append(" ").append(name.empty() ? std::string("?") : name);
+        i = j + 1;
+      }
+    }
+    std::string line = std::string(dtype_name(rows[first].dtype));
+    if (rows[first].op != Op::None) line += std::string(" ") + op_name(rows[first].op);
+    if (rows[first].root >= 0) line += " root " + std::to_string(rows[first].root);
+    line += ": " + ranges[0];
+    if (ranges[1] != ranges[0]) line += "; in place: " + ranges[1];
+    const bool named =
+        std::any_of(rows.begin() + static_cast<std::ptrdiff_t>(first), rows.begin() + static_cast<std::ptrdiff_t>(end),
+                    [](const Row& r) { return !r.place[0].algorithm.empty() || !r.place[1].algorithm.empty(); });
+    if (named && std::find(lines.begin(), lines.end(), line) == lines.end()) lines.push_back(line);  // -c cycles
+    first = end;
+  }
+  return lines;
+}
+
 bool write_json(const std::string& path, const std::vector<Row>& rows, const Collective& coll, int nranks) {
   nlohmann::json records = nlohmann::json::array();
   for (const Row& row : rows) {
@@ -1061,6 +1098,7 @@ bool write_json(const std::string& path, const std::vector<Row>& rows, const Col
           {"time_us", m.time_us},      {"algbw", m.algbw},  {"busbw", m.busbw},
       };
       rec["wrong"] = m.wrong < 0 ? nlohmann::json(nullptr) : nlohmann::json(m.wrong);
+      if (!m.algorithm.empty()) rec["algorithm"] = m.algorithm;
       if (m.rel_error >= 0) rec["rel_error"] = m.rel_error;
       records.push_back(std::move(rec));
     }
@@ -1189,6 +1227,9 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
   if (leader) {
     std::printf("# Out of bounds values : %" PRId64 " %s\n", total_wrong, total_wrong == 0 ? "OK" : "FAILED");
     std::printf("# Avg bus bandwidth    : %g\n", busbw_samples > 0 ? busbw_sum / busbw_samples : 0.0);
+    const std::vector<std::string> algorithms = algorithm_summary(rows);
+    if (!algorithms.empty()) std::printf("# Algorithm by size (bytes), as rank 0 ran it:\n");
+    for (const std::string& line : algorithms) std::printf("#   %s\n", line.c_str());
     std::printf("#\n");
     std::fflush(stdout);
     if (!opts.json_path.empty() && !write_json(opts.json_path, rows, coll, n)) {
@@ -1220,6 +1261,7 @@ class ChorusBackend final : public Backend {
   int rank() const override { return rank_; }
   int nranks() const override { return nranks_; }
   chorusComm_t comm() const override { return comm_; }
+  std::string last_algorithm() const override { return chorus::last_algorithm(comm_); }
 
   std::string describe() const override {
     int version = 0;

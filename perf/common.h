@@ -227,6 +227,8 @@ class Backend {
   virtual chorusRedOp_t acquire_op(Op op, chorusDataType_t dtype) = 0;
   virtual void release_op(chorusRedOp_t redop) {}
   virtual chorusComm_t comm() const { return nullptr; }
+  // The algorithm this rank's last collective ran ("" when the library does not say: the baselines).
+  virtual std::string last_algorithm() const { return ""; }
   // After a failure on this rank: stop the peers from waiting on it.
   virtual void abort() {}
 };

@@ -317,6 +317,17 @@ chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chor
 }
 
 }  // namespace
+
+std::string last_algorithm(chorusComm_t comm) {
+  if (comm == nullptr) return "";
+  try {
+    Live live(comm);
+    return (*live).last_algorithm();
+  } catch (const Error&) {
+    return "";  // destroyed
+  }
+}
+
 }  // namespace chorus
 
 using namespace chorus;

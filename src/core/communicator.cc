@@ -1188,6 +1188,13 @@ void CommImpl::run_widened(const CollArgs& a, WireHeader& hdr) {
   if (receives) kernels::narrow_from_float(a.dtype, widened_.data() + in_elems, a.recv, out_elems);
 }
 
+std::string CommImpl::last_algorithm() const {
+  const int id = last_algorithm_.load(std::memory_order_relaxed);
+  if (id == kDeviceDirect) return "device-direct";
+  const algo::AlgorithmInfo* info = id == kNoAlgorithm ? nullptr : algo::algorithm_by_id(id);
+  return info != nullptr ? info->name : "";
+}
+
 void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
   if (widens(a)) return run_widened(a, hdr);
   const Deadline deadline = Deadline::after_ms(timeout_ms_);
@@ -1299,6 +1306,7 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
       shared_prog = choice->program.get();
       hdr.algo = static_cast<uint16_t>(choice->algorithm->id);
     }
+    note_algorithm(hdr.algo);
     prog = &shared_prog->ranks[rank_];
     hdr.seq = ++seq_;
     started_.store(seq_, std::memory_order_relaxed);

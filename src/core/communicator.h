@@ -171,6 +171,15 @@ class CommImpl {
   // State the device-direct path keeps per communicator (its CUDA events), released with the communicator.
   std::shared_ptr<void>& device_state() { return device_state_; }
   int64_t timeout_ms() const { return timeout_ms_; }
+  // What the last collective ran, for Chorus's own tools (the perf tools print it per size): the wire id of an
+  // algorithm of either table (algorithms.h; for a call that widens, its float32 call's), kDeviceDirect for the
+  // device-direct path (src/runtime/cuda_local.h), kNoAlgorithm before any collective. Point-to-point calls leave
+  // it. Written by the thread that runs the call (a stream's worker for calls on a CUDA stream), read from any.
+  static constexpr int kNoAlgorithm = -1;
+  static constexpr int kDeviceDirect = -2;
+  void note_algorithm(int id) { last_algorithm_.store(id, std::memory_order_relaxed); }
+  // The algorithm's name, "device-direct", or "" (kNoAlgorithm).
+  std::string last_algorithm() const;
   // The reduction of a validated reduction call: dtype, kind, pre-multiplied scalar, avg divisor.
   kernels::ReduceSpec reduce_spec(const CollArgs& a) const;
 
@@ -269,6 +278,7 @@ class CommImpl {
   };
   Diagnosis diagnose_timeout(const WireHeader* call);
   uint64_t direct_seq_ = 0;  // calls of the device-direct path
+  std::atomic<int> last_algorithm_{kNoAlgorithm};
   std::shared_ptr<void> device_state_;
   // Reused for the communicator's life (fresh pages cost more than the copies, MACHINE-NOTES.md):
   std::vector<std::byte> staging_;  // inputs staged for in-place all-to-all and grouped send/recv
@@ -306,5 +316,9 @@ class CommImpl {
   std::thread worker_;
   std::atomic<std::thread::id> owner_{};
 };
+
+// For Chorus's own tools, not the public API: CommImpl::last_algorithm() of `comm`; "" for a NULL or destroyed
+// communicator. Thread-safe.
+std::string last_algorithm(chorusComm_t comm);
 
 }  // namespace chorus

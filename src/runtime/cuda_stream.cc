@@ -531,7 +531,10 @@ void enqueue(CommImpl& comm, CollArgs a, chorusStream_t user_stream) {
   if (plan.in.empty() && plan.out.empty() && !sizes_per_rank) return;
   load_kernels_once(stream_device(user_stream));
   // Ranks that are threads of this process, or processes on this GPU, read each other's device buffers directly.
-  if (!p2p && cuda_local::applies(comm, a, user_stream) && cuda_local::enqueue(comm, a, user_stream)) return;
+  if (!p2p && cuda_local::applies(comm, a, user_stream) && cuda_local::enqueue(comm, a, user_stream)) {
+    comm.note_algorithm(CommImpl::kDeviceDirect);
+    return;
+  }
   // The wait kernel (and the staging's pool) belong to the stream's device.
   OnDevice on(stream_device(user_stream));
   cudaGraph_t graph = nullptr;

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -404,6 +405,28 @@ TEST(PerfTools, TheHeaderNamesTheSettingsInEffectAndAMisspeltOne) {
                        "CHORUS_ROOT_ADDR?"),
             std::string::npos)
       << r.out;
+}
+
+// The footer says which algorithm each size ran (what the library ran, not what the tool asked for), in the text
+// and in -J's records.
+TEST(PerfTools, TheFooterNamesTheAlgorithmEachSizeRan) {
+  const std::string json = "/tmp/chorus_perf_algorithms_" + std::to_string(getpid()) + ".json";
+  Result r = run("env CHORUS_ALGO='allreduce:0-1K:ring,1K-:rhd' " + std::string(ALL_REDUCE_PERF) +
+                 " -t 2 -b 8 -e 32K -f 8 -n 2 -w 1 -J " + json);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("# Algorithm by size (bytes), as rank 0 ran it:\n#   float sum: 8-512 ring, 4096-32768 rhd\n"),
+            std::string::npos)
+      << r.out;
+  std::ifstream in(json);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(json.c_str());
+  EXPECT_EQ(count_of(text, "\"algorithm\": \"ring\""), 6) << text;  // 3 sizes, in and out of place
+  EXPECT_EQ(count_of(text, "\"algorithm\": \"rhd\""), 4) << text;
+  // A range of one size names just that size.
+  r = run("env CHORUS_ALGO='reducescatter:0-1K:ring,1K-:rhd' " + std::string(REDUCE_SCATTER_PERF) +
+          " -t 2 -b 8 -e 4K -f 8 -n 1 -w 0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("#   float sum: 8-512 ring, 4096 rhd\n"), std::string::npos) << r.out;
 }
 
 // nccl-tests' convention: 0 when every result is right, 1 for a wrong result or a failed call, 2 for arguments the
