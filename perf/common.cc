@@ -944,7 +944,7 @@ Measured measure(SweepState& s, const Layout& l, size_t ts, OpArgs a, const Data
   const double local_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / o.iters;
 
   Measured r;
-  r.algorithm = b.last_algorithm();  // before the timing's own all-reduce
+  r.algorithm = b.last_algorithm();  // the timed calls' (after the barrier before them, before the timing's all-reduce)
   r.time_us = reduce_time(b, local_us, o.average);
   r.algbw = r.time_us > 0 ? static_cast<double>(l.bytes) / (r.time_us * 1e3) : 0.0;  // bytes/us/1e3 = GB/s
   r.busbw = r.algbw * s.coll.bus_factor(b.nranks());
@@ -1228,7 +1228,7 @@ int run_sweep(const Options& opts, const ToolInfo& tool, const Collective& coll,
     std::printf("# Out of bounds values : %" PRId64 " %s\n", total_wrong, total_wrong == 0 ? "OK" : "FAILED");
     std::printf("# Avg bus bandwidth    : %g\n", busbw_samples > 0 ? busbw_sum / busbw_samples : 0.0);
     const std::vector<std::string> algorithms = algorithm_summary(rows);
-    if (!algorithms.empty()) std::printf("# Algorithm by size (bytes), as rank 0 ran it:\n");
+    if (!algorithms.empty()) std::printf("# Algorithm each measured size (bytes) ran, on rank 0:\n");
     for (const std::string& line : algorithms) std::printf("#   %s\n", line.c_str());
     std::printf("#\n");
     std::fflush(stdout);

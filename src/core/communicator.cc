@@ -1292,7 +1292,8 @@ void CommImpl::run_call(const CollArgs& a, WireHeader& hdr) {
     layout.set_blocks(BufKind::Input, in_ptr, in_len, 1);
     layout.set_blocks(BufKind::Output, out_ptr, out_len, 1);
     prog = &p2p_prog;
-    hdr.seq = uint64_t{1} << 63;  // p2p is not sequenced with collectives; sizes are still checked per message
+    note_algorithm(kNoAlgorithm);  // a point-to-point call runs no algorithm
+    hdr.seq = uint64_t{1} << 63;   // p2p is not sequenced with collectives; sizes are still checked per message
   } else {
     if (a.compressed) {
       // Compressed schedules are named (or defaulted), not chosen by the cost model.
@@ -1599,7 +1600,10 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key, bool has_newcomm) 
     const std::string diagnosis = d.lead.empty() ? d.suffix : cat("; ", d.lead, d.suffix);
     if (bootstrap_->failed()) check_abort();
     // As a failed collective: the communicator is broken and every rank is told, with what each peer was doing.
-    Error timed_out(e.code(), e.subsys(), cat(e.what(), diagnosis));
+    // (The bootstrap's own text names its exchange by tag, which means nothing to the caller.)
+    Error timed_out(e.code(), e.subsys(),
+                    cat("rank ", rank_, ": chorusCommSplit: timed out after ", timeout_ms_,
+                        " ms waiting for every rank's color and key", diagnosis));
     fail(timed_out);
     throw timed_out;
   }

@@ -171,10 +171,12 @@ class CommImpl {
   // State the device-direct path keeps per communicator (its CUDA events), released with the communicator.
   std::shared_ptr<void>& device_state() { return device_state_; }
   int64_t timeout_ms() const { return timeout_ms_; }
-  // What the last collective ran, for Chorus's own tools (the perf tools print it per size): the wire id of an
-  // algorithm of either table (algorithms.h; for a call that widens, its float32 call's), kDeviceDirect for the
-  // device-direct path (src/runtime/cuda_local.h), kNoAlgorithm before any collective. Point-to-point calls leave
-  // it. Written by the thread that runs the call (a stream's worker for calls on a CUDA stream), read from any.
+  // What the last call ran, for Chorus's own tools (the perf tools print it per size): the wire id of an algorithm
+  // of either table (algorithms.h; for a call that widens, its float32 call's), kDeviceDirect for the device-direct
+  // path (src/runtime/cuda_local.h), kNoAlgorithm before any call and after a point-to-point call. Written by the
+  // thread that runs the call; for calls on a CUDA stream that is a stream's worker when the call starts, but the
+  // caller when it enqueues a device-direct call, so among stream calls still in flight the order may differ.
+  // Read from any thread.
   static constexpr int kNoAlgorithm = -1;
   static constexpr int kDeviceDirect = -2;
   void note_algorithm(int id) { last_algorithm_.store(id, std::memory_order_relaxed); }

@@ -414,8 +414,9 @@ TEST(PerfTools, TheFooterNamesTheAlgorithmEachSizeRan) {
   Result r = run("env CHORUS_ALGO='allreduce:0-1K:ring,1K-:rhd' " + std::string(ALL_REDUCE_PERF) +
                  " -t 2 -b 8 -e 32K -f 8 -n 2 -w 1 -J " + json);
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("# Algorithm by size (bytes), as rank 0 ran it:\n#   float sum: 8-512 ring, 4096-32768 rhd\n"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("# Algorithm each measured size (bytes) ran, on rank 0:\n#   float sum: 8-512 ring, 4096-32768 rhd\n"),
+      std::string::npos)
       << r.out;
   std::ifstream in(json);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -427,6 +428,10 @@ TEST(PerfTools, TheFooterNamesTheAlgorithmEachSizeRan) {
           " -t 2 -b 8 -e 4K -f 8 -n 1 -w 0");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("#   float sum: 8-512 ring, 4096 rhd\n"), std::string::npos) << r.out;
+  // Point-to-point runs no algorithm: no footer (it showed the tool's own barrier's algorithm, helper-72).
+  r = run("env CHORUS_ALGO='barrier:0-:tree' " + std::string(SENDRECV_PERF) + " -t 2 -b 8 -e 128 -f 16 -n 2 -w 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("# Algorithm each"), std::string::npos) << r.out;
 }
 
 // nccl-tests' convention: 0 when every result is right, 1 for a wrong result or a failed call, 2 for arguments the

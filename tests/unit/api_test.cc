@@ -1779,9 +1779,17 @@ TEST(Faults, ASplitMetByACollectiveTimesOutSayingWhatEachSideDid) {
   // rank used to report only its own timeout then): either way every rank's error says what the ranks were doing.
   const std::string split_side = "rank(s) 1 (running collective #1) had not called chorusCommSplit";
   const std::string collective_side = "(its last was #0, in chorusCommSplit) had not called collective #1";
-  for (int r = 0; r < 3; ++r)
+  for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(errors[r].find(split_side) != std::string::npos || errors[r].find(collective_side) != std::string::npos)
         << "rank " << r << ": " << errors[r];
+    // A splitting rank's own timeout says what it waited for in the caller's terms (it named a bootstrap tag).
+    if (errors[r].find(split_side) != std::string::npos) {
+      EXPECT_NE(errors[r].find(": chorusCommSplit: timed out after 2000 ms waiting for every rank's color and key"),
+                std::string::npos)
+          << errors[r];
+    }
+    EXPECT_EQ(errors[r].find("bootstrap allgather"), std::string::npos) << errors[r];
+  }
 }
 
 TEST(Faults, AbortIsLocalBoundedAndNamedByThePeers) {
