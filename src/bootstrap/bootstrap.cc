@@ -33,6 +33,9 @@ constexpr int kStopPollMs = 20;
 // Goodbye: time to send Bye, then time for the root to close its side, before the connection is cut anyway.
 constexpr int kByeSendMs = 1000;
 constexpr int kByeCloseMs = 2000;
+// A send that fails (often a broken pipe: the root's process died) races the service thread, which reads the same
+// connection and records why it ended; how long the send waits for that record so that its error gives the cause.
+constexpr int kSendFailureGraceMs = 1000;
 
 struct Frame {
   FrameHeader header;
@@ -268,7 +271,10 @@ class RootBootstrap final : public Bootstrap {
       std::lock_guard<std::mutex> lock(send_mu_);
       write_frame(sock_, type, rank_, to, tag, payload, bytes, Deadline::after_ms(io_timeout_ms_));
     } catch (const Error& e) {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
+      if (std::this_thread::get_id() != service_.get_id())  // the service thread would wait for itself
+        cv_.wait_for(lock, std::chrono::milliseconds(kSendFailureGraceMs),
+                     [&] { return failed_.load(std::memory_order_relaxed) || service_done_; });
       if (failed_.load(std::memory_order_relaxed)) throw_failed(what);
       throw Error(e.code(), Subsys::Bootstrap, cat("rank ", rank_, ": ", what, " failed: ", e.what()));
     }
