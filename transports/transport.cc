@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "bootstrap/socket.h"
 #include "core/error.h"
 #include "topology/topology.h"
 #include "transports/transports.h"
@@ -178,7 +179,14 @@ TransportReport report_transport(const std::string& name) {
     r.found = "always";
   } else if (name == "tcp") {
     r.description = "any reachable rank: non-blocking sockets, authenticated by the job secret";
-    r.found = "always (interface: CHORUS_SOCKET_IFNAME, else the first that is up and not loopback)";
+    try {
+      r.found = cat("always; listens on ", sockaddr_to_string(default_address()),
+                    " (CHORUS_SOCKET_IFNAME's address, else the first interface up that is not loopback or a "
+                    "docker*/virbr* bridge)");
+    } catch (const Error& e) {  // CHORUS_SOCKET_IFNAME names no interface here
+      r.found = e.what();
+      r.available = false;
+    }
   } else if (name == "ucx") {
     r.description = "UCX UCP tagged messages into a ring of pre-posted receives; UCX picks RDMA, shared memory or TCP";
 #ifdef CHORUS_WITH_UCX

@@ -302,10 +302,18 @@ sockaddr_storage interface_address(const std::string& ifname) {
 sockaddr_storage default_address() {
   if (param_is_set(Param::SocketIfname)) return interface_address(param_str(Param::SocketIfname));
   IfaddrsPtr list = get_ifaddrs();
-  for (const ifaddrs* ifa = list.get(); ifa != nullptr; ifa = ifa->ifa_next) {
-    if (ifa->ifa_addr == nullptr || ifa->ifa_addr->sa_family != AF_INET) continue;
-    if ((ifa->ifa_flags & IFF_UP) == 0 || (ifa->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    return copy_addr(ifa->ifa_addr);
+  // Container and VM bridges (docker0, virbr0) carry the same address on every host (172.17.0.1, 192.168.122.1),
+  // which other hosts cannot reach: taken only when nothing else is up, as NCCL leaves docker* out by default.
+  auto host_local_bridge = [](const char* name) {
+    return std::strncmp(name, "docker", 6) == 0 || std::strncmp(name, "virbr", 5) == 0;
+  };
+  for (bool bridges : {false, true}) {
+    for (const ifaddrs* ifa = list.get(); ifa != nullptr; ifa = ifa->ifa_next) {
+      if (ifa->ifa_addr == nullptr || ifa->ifa_addr->sa_family != AF_INET) continue;
+      if ((ifa->ifa_flags & IFF_UP) == 0 || (ifa->ifa_flags & IFF_LOOPBACK) != 0) continue;
+      if (host_local_bridge(ifa->ifa_name) != bridges) continue;
+      return copy_addr(ifa->ifa_addr);
+    }
   }
   sockaddr_storage ss{};
   auto* sin = reinterpret_cast<sockaddr_in*>(&ss);

@@ -86,7 +86,8 @@ std::vector<std::string> interface_names();
 // when it has no address.
 sockaddr_storage interface_address(const std::string& ifname);
 // The address Chorus listens on by default, port 0: CHORUS_SOCKET_IFNAME's when set, else the first interface
-// that is up, not loopback and has an IPv4 address, else 127.0.0.1.
+// that is up, not loopback, not a container or VM bridge (docker*, virbr*: the same address on every host) and has
+// an IPv4 address, else the first such bridge, else 127.0.0.1.
 sockaddr_storage default_address();
 // Resolves `host` (a name, an IPv4 address, or an IPv6 address with or without brackets) with getaddrinfo,
 // preferring IPv4. Throws chorusInvalidArgument when the name does not exist, chorusSystemError for other

@@ -38,7 +38,8 @@ constexpr ParamInfo kParams[] = {
      "next in the list is used."},
     {Param::SocketIfname, "CHORUS_SOCKET_IFNAME", "string", "",
      "Network interface for bootstrap and tcp (e.g. eth0). Default: the first interface that is up and not "
-     "loopback, else loopback. A name that does not exist is an error listing the names that do."},
+     "loopback or a docker*/virbr* bridge, else such a bridge, else loopback. A name that does not exist is an error "
+     "listing the names that do."},
     {Param::UcxTls, "CHORUS_UCX_TLS", "string", "",
      "UCX transports for the ucx transport (passed to UCX as its TLS setting, e.g. sm, tcp, rc,sm, ^cma). Default: "
      "UCX_TLS when set, else UCX's own choice."},

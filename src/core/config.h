@@ -1,6 +1,7 @@
 // The one config registry: every CHORUS_* environment variable is declared once in config.cc with its type,
 // default and documentation; chorus-info prints the table. Values are read from the environment at each call
-// (callers read them once, at communicator creation).
+// (callers read them once, at communicator creation). A CHORUS_* variable the registry does not declare is
+// reported (unknown_settings), since nothing reads it.
 #pragma once
 
 #include <cstdint>

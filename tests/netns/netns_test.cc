@@ -209,6 +209,29 @@ TEST(EmulatedHosts, UnevenPlacementFromAList) {
   EXPECT_GE(count_of(r.out, " over tcp"), 2) << r.out;  // rank 3, alone on host 1, reaches host 0 over tcp
 }
 
+// A docker or libvirt bridge has the same address on every host: listening there, a rank publishes an address no
+// other host reaches (helper-73: with docker0 listed before eth0, a 3-host job failed). The default skips such
+// bridges, as NCCL skips docker*, and takes one only when nothing else is up.
+TEST(EmulatedHosts, TheDefaultAddressIsNotADockerBridgeListedFirst) {
+  const std::string why = cannot_run();
+  if (!why.empty()) GTEST_SKIP() << why;
+  if (run("unshare -n true").code != 0) GTEST_SKIP() << "unshare -n does not work here";
+  const std::string docker =
+      "ip link add docker0 type veth peer name docker1 && ip addr add 172.17.0.1/16 dev docker0 && "
+      "ip link set docker0 up && ip link set docker1 up";
+  const std::string eth =
+      "ip link add eth9 type veth peer name eth10 && ip addr add 10.213.99.1/24 dev eth9 && ip link set eth9 up && "
+      "ip link set eth10 up";
+  Result r = run("unshare -n sh -c '" + docker + " && " + eth + " && " + CHORUS_INFO + "'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("found: always; listens on 10.213.99.1:0"), std::string::npos) << r.out;
+  r = run("unshare -n sh -c '" + docker + " && " + CHORUS_INFO + "'");  // nothing else: the bridge
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("found: always; listens on 172.17.0.1:0"), std::string::npos) << r.out;
+  r = run("unshare -n sh -c '" + docker + " && " + eth + " && CHORUS_SOCKET_IFNAME=docker0 " + CHORUS_INFO + "'");
+  EXPECT_NE(r.out.find("found: always; listens on 172.17.0.1:0"), std::string::npos) << r.out;  // chosen: kept
+}
+
 TEST(EmulatedHosts, MissingNamespacesAreAClearError) {
   // No root needed: the launcher stops before entering anything.
   Result r = run(std::string(CHORUSRUN) + " --hosts 2 -n 4 --netns-prefix chorus-ctest-absent true");
