@@ -1081,7 +1081,8 @@ std::vector<std::string> algorithm_summary(const std::vector<Row>& rows) {
     const bool named =
         std::any_of(rows.begin() + static_cast<std::ptrdiff_t>(first), rows.begin() + static_cast<std::ptrdiff_t>(end),
                     [](const Row& r) { return !r.place[0].algorithm.empty() || !r.place[1].algorithm.empty(); });
-    if (named && std::find(lines.begin(), lines.end(), line) == lines.end()) lines.push_back(line);  // -c cycles
+    if (named && std::find(lines.begin(), lines.end(), line) == lines.end())
+      lines.push_back(line);  // -N cycles repeat lines
     first = end;
   }
   return lines;
