@@ -1003,8 +1003,7 @@ void print_settings(const std::string& algorithm) {
   }
   std::printf("# settings:%s\n", line.empty() ? " defaults (no CHORUS_* setting is set)" : line.c_str());
   for (const chorus::UnknownSetting& u : chorus::unknown_settings())
-    std::printf("# %s is not a setting: ignored%s%s%s\n", u.name.c_str(), u.nearest.empty() ? "" : " (",
-                u.suggestion().c_str(), u.nearest.empty() ? "" : ")");
+    std::printf("# %s is not a setting: ignored%s\n", u.name.c_str(), u.suggestion(" (", ")").c_str());
 }
 
 void print_header(const Options& o, const ToolInfo& tool, Backend& b, const std::vector<RankInfo>& infos) {

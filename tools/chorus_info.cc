@@ -104,8 +104,7 @@ int main(int argc, char** argv) {
     std::printf("      %s\n", p.doc);
   }
   for (const chorus::UnknownSetting& u : chorus::unknown_settings())
-    std::printf("  %-22s set but not a setting: ignored%s%s%s\n", u.name.c_str(), u.nearest.empty() ? "" : " (",
-                u.suggestion().c_str(), u.nearest.empty() ? "" : ")");
+    std::printf("  %-22s set but not a setting: ignored%s\n", u.name.c_str(), u.suggestion(" (", ")").c_str());
 
   std::printf(
       "\nTransports (priority order; CHORUS_TRANSPORTS lists those used, and for each peer the first that "

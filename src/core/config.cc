@@ -204,10 +204,11 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 }  // namespace
 
-std::string UnknownSetting::suggestion() const {
-  std::string text;
+std::string UnknownSetting::suggestion(const char* before, const char* after) const {
+  if (nearest.empty()) return "";
+  std::string text = before;
   for (size_t i = 0; i < nearest.size(); ++i) text += cat(i == 0 ? "did you mean " : " or ", nearest[i]);
-  return nearest.empty() ? text : text + "?";
+  return cat(text, "?", after);
 }
 
 std::vector<UnknownSetting> unknown_settings() {
@@ -245,8 +246,8 @@ void warn_unknown_settings_once() {
   static std::once_flag once;
   std::call_once(once, [] {
     for (const UnknownSetting& u : unknown_settings())
-      CHORUS_WARN(Core, "%s is set but is not a Chorus setting, so it is ignored%s%s (chorus-info lists the settings)",
-                  u.name.c_str(), u.nearest.empty() ? "" : "; ", u.suggestion().c_str());
+      CHORUS_WARN(Core, "%s is set but is not a Chorus setting, so it is ignored%s (chorus-info lists the settings)",
+                  u.name.c_str(), u.suggestion("; ").c_str());
   });
 }
 

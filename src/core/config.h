@@ -77,8 +77,8 @@ struct UnknownSetting {
   // CHORUS_FP32_PARTIALS; CHORUS_nchannels: CHORUS_NCHANNELS); all of them when several are equally near
   // (CHORUS_NRANK: CHORUS_RANK and CHORUS_NRANKS). Empty when none is that near.
   std::vector<std::string> nearest;
-  // "did you mean A?" or "did you mean A or B?"; "" when `nearest` is empty.
-  std::string suggestion() const;
+  // `before` "did you mean A?" `after` (or "... A or B?"); "" when `nearest` is empty.
+  std::string suggestion(const char* before = "", const char* after = "") const;
 };
 // The unknown CHORUS_* variables set now (each once, sorted by name). CHORUS_BUILD, the build folder Chorus's
 // scripts take, is not reported. Reads the environment: safe from several threads as long as none changes the
