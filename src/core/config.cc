@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -124,13 +124,13 @@ std::string param_str(Param p) {
 }
 
 int64_t parse_size(const std::string& text, const char* what) {
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (end == text.c_str() || errno != 0 || v < 0)
+  // from_chars, unlike strtoll, takes no leading space or '+': the whole text is the number and its suffix.
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end == text.data() || v < 0)
     throw Error(chorusInvalidArgument, Subsys::Core, cat(what, "='", text, "' is not a non-negative size"));
   int64_t mult = 1;
-  std::string suffix(end);
+  const std::string suffix(end, text.data() + text.size());
   if (suffix == "K" || suffix == "k" || suffix == "KiB")
     mult = 1 << 10;
   else if (suffix == "M" || suffix == "m" || suffix == "MiB")
@@ -148,10 +148,9 @@ int64_t param_int(Param p) {
   std::string text = param_str(p);
   if (text.empty()) throw Error(chorusInvalidArgument, Subsys::Core, cat(info.name, " is not set and has no default"));
   if (std::string(info.type) == "size") return parse_size(text, info.name);
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (end == text.c_str() || *end != '\0' || errno != 0)
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size())
     throw Error(chorusInvalidArgument, Subsys::Core, cat(info.name, "='", text, "' is not an integer"));
   return v;
 }

@@ -426,6 +426,12 @@ TEST(BadInput, TimeoutsBeyondTheClockAreNeverAndYieldOutOfRangeIsRefused) {
     });
   }
   expect_init_refused("CHORUS_YIELD_US", "4294967296", "CHORUS_YIELD_US=4294967296");  // 2^32: not truncated to 0
+  // The whole text is the number (and a size's suffix): no space or '+' before it, as none is taken after it.
+  expect_init_refused("CHORUS_NCHANNELS", " 2", "CHORUS_NCHANNELS=' 2' is not an integer");
+  expect_init_refused("CHORUS_NCHANNELS", "+2", "CHORUS_NCHANNELS='+2' is not an integer");
+  expect_init_refused("CHORUS_SLICE_BYTES", " 64K", "CHORUS_SLICE_BYTES=' 64K' is not a non-negative size");
+  expect_init_refused("CHORUS_SLICE_BYTES", "64K ", "CHORUS_SLICE_BYTES='64K ' has an unknown suffix 'K '");
+  expect_init_refused("CHORUS_TIMEOUT_MS", "99999999999999999999", "CHORUS_TIMEOUT_MS='99999999999999999999' is not");
 }
 
 TEST(BadInput, EveryNullArgumentIsNamed) {
