@@ -337,13 +337,21 @@ chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t d
 chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
                           chorusStream_t stream);
 /* Groups nest; the outermost chorusGroupEnd issues everything called since the outermost chorusGroupStart on
- * this thread. Inside a group the calls that communicate are chorusSend and chorusRecv only: a collective,
- * chorusCommSplit or chorusCommDestroy there is chorusInvalidUsage (it would wait for peers that wait for this
- * group, or drop what it queued). An init inside a group blocks until its rendezvous completes, as outside one (one
- * rank per thread); chorusCommAbort, the queries, chorusWait/chorusTest and the reduction ops are allowed.
- * A group that spans several communicators runs their calls at once (host buffers on the communicators' worker
- * threads; stream-ordered calls, on one stream or several, enqueued with every post ahead of every wait), so ranks
- * may call the communicators in different orders. It returns the error of the first communicator (in the order they
+ * this thread. Inside a group the calls that communicate are the blocking collectives, chorusSend and chorusRecv;
+ * they are checked when made and issued at chorusGroupEnd, so their buffers must stay valid until then (and, on a
+ * stream, until the stream gets there). A non-blocking collective, chorusCommSplit or chorusCommDestroy there is
+ * chorusInvalidUsage (it would wait for peers that wait for this group, or drop what it queued). An init inside a
+ * group blocks until its rendezvous completes, as outside one (one rank per thread); chorusCommAbort, the queries,
+ * chorusWait/chorusTest and the reduction ops are allowed. The calls of one communicator in a group take one stream
+ * and all device or all host buffers (else refused when made). On each communicator the group's collectives run
+ * in the order they were called (every rank calls the same ones in the same order, as outside a group), then its
+ * sends and receives, issued together; as in NCCL, nothing orders a send or receive of the group against its
+ * collectives. A group that spans several communicators runs their calls at once (host buffers on the
+ * communicators' worker threads; stream-ordered sends and receives, on one stream or several, enqueued with every
+ * post ahead of every wait), so one thread may drive the communicators of several ranks, and ranks may call the
+ * communicators in different orders. Stream-ordered collectives in a group that spans several communicators are
+ * chorusNotSupported, and nothing of the group runs (call them outside the group, one thread per communicator). It
+ * returns the error of the first communicator (in the order they
  * first appear in the group) whose calls failed; each communicator's error is in its chorusGetLastError. A call
  * refused when it was made inside the group (bad argument, or one of the calls above) is left out and the others
  * run, so that peers are not left waiting; chorusGroupEnd then returns that refusal again (the first one, when no

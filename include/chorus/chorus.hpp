@@ -335,7 +335,8 @@ class Comm {
   chorusComm_t c_ = nullptr;
 };
 
-// Batches point-to-point calls: everything between construction and destruction is issued together.
+// Batches sends, receives and blocking collectives: everything between construction and destruction is issued
+// together at chorusGroupEnd (see chorus.h).
 class Group {
  public:
   Group() { check(chorusGroupStart()); }

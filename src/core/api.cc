@@ -11,6 +11,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -155,9 +156,10 @@ void retire(chorusComm* comm) {
   tombstones->push_back(comm);
 }
 
-// Group state: point-to-point calls between chorusGroupStart and chorusGroupEnd, per thread.
+// Group state: the calls made between chorusGroupStart and chorusGroupEnd, per thread.
 struct GroupOp {
   chorusComm* comm = nullptr;
+  std::optional<CollArgs> coll;  // a collective (validated), else the point-to-point call `op`
   P2POp op;
   chorusStream_t stream = nullptr;
   int on_stream = -1;  // 1: stream-ordered (a stream or a device buffer), 0: host, -1: either (no stream, no bytes)
@@ -186,8 +188,8 @@ void refuse_in_group(const char* call) {
   if (t_group.depth > 0)
     throw Error(chorusInvalidUsage, Subsys::Core,
                 cat(call,
-                    " inside a group (of the calls that communicate, a group takes chorusSend/chorusRecv only; call "
-                    "chorusGroupEnd first)"));
+                    " inside a group (of the calls that communicate, a group takes the blocking collectives and "
+                    "chorusSend/chorusRecv; call chorusGroupEnd first)"));
 }
 
 // Device buffers (CUDA builds): a call with a stream, or with device buffers, is stream-ordered
@@ -237,14 +239,45 @@ void run(CommImpl& c, CollArgs a, chorusStream_t stream) {
   c.run_blocking(std::move(a));
 }
 
+// Queues a validated call made inside a group: the collective `coll`, else the point-to-point call `op`. Every call
+// of one communicator in a group takes one stream, and all device or all host buffers (they run as one program).
+void add_to_group(chorusComm* comm, std::optional<CollArgs> coll, const P2POp& op, chorusStream_t stream) {
+  const CollArgs* a = coll ? &*coll : nullptr;
+  CollArgs one;
+  if (a == nullptr) {
+    one.coll = algo::Coll::SendRecv;
+    one.p2p.push_back(op);
+    a = &one;
+  }
+  const std::string what = !coll ? cat(op.is_send ? "sendbuff" : "recvbuff", " is") : "this collective's buffers are";
+  const bool moves_bytes = !coll ? op.count > 0 : a->count > 0 || a->coll == algo::Coll::AllToAllv;
+  const int on_stream = (stream != nullptr || uses_device(*a)) ? 1 : (moves_bytes ? 0 : -1);
+  for (const GroupOp& g : t_group.ops) {
+    if (g.comm != comm) continue;
+    if (g.stream != stream)
+      throw Error(chorusInvalidUsage, Subsys::Core,
+                  "stream: the calls of one communicator in a group take one stream (this call's differs from an "
+                  "earlier call's)");
+    if (g.on_stream >= 0 && on_stream >= 0 && g.on_stream != on_stream)
+      throw Error(chorusInvalidArgument, Subsys::Core,
+                  cat(what, " ", on_stream ? "device" : "host", " memory, but an earlier call of this group on ",
+                      "this communicator has ", g.on_stream ? "device" : "host", " buffers (a group moves one or ",
+                      "the other)"));
+  }
+  t_group.ops.push_back({comm, std::move(coll), op, stream, on_stream});
+}
+
 chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
   stream = canonical(stream);
   return noted_in_group(guarded(comm, [&] {
     const Live use(comm);
     CommImpl& c = *use;
     no_stream_without_cuda(stream);
-    if (t_group.depth > 0)
-      throw Error(chorusInvalidUsage, Subsys::Core, "only chorusSend/chorusRecv may be called inside a group");
+    if (t_group.depth > 0) {
+      c.validate(a);
+      add_to_group(comm, std::move(a), P2POp{}, stream);
+      return;
+    }
     CommImpl::Guard guard(c);
     c.validate(a);
     run(c, std::move(a), stream);
@@ -256,8 +289,7 @@ chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* reques
     const Live use(comm);
     CommImpl& c = *use;
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
-    if (t_group.depth > 0)
-      throw Error(chorusInvalidUsage, Subsys::Core, "only chorusSend/chorusRecv may be called inside a group");
+    refuse_in_group("a non-blocking collective");
     host_buffers_only(a, "a non-blocking call");
     CommImpl::Guard guard(c);
     c.validate(a);
@@ -288,27 +320,12 @@ chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chor
       c.validate_p2p_op(op);
     else
       c.validate(a);
-    const char* name = is_send ? "sendbuff" : "recvbuff";
-    const bool moves_bytes = count > 0;
-    int on_stream = (stream != nullptr || uses_device(a)) ? 1 : (moves_bytes ? 0 : -1);
 #ifdef CHORUS_WITH_CUDA
-    if (on_stream == 1 && moves_bytes) cuda_stream::require_device_buffer(buf, name);
+    if ((stream != nullptr || uses_device(a)) && count > 0)
+      cuda_stream::require_device_buffer(buf, is_send ? "sendbuff" : "recvbuff");
 #endif
     if (t_group.depth > 0) {
-      // Every call of one communicator in a group runs as one: on one stream, all device or all host buffers.
-      for (const GroupOp& g : t_group.ops) {
-        if (g.comm != comm) continue;
-        if (g.stream != stream)
-          throw Error(chorusInvalidUsage, Subsys::Core,
-                      "stream: the point-to-point calls of one communicator in a group take one stream (this call's "
-                      "differs from an earlier call's)");
-        if (g.on_stream >= 0 && on_stream >= 0 && g.on_stream != on_stream)
-          throw Error(chorusInvalidArgument, Subsys::Core,
-                      cat(name, " is ", on_stream ? "device" : "host", " memory, but an earlier call of this group on ",
-                          "this communicator has ", g.on_stream ? "device" : "host", " buffers (a group moves one or ",
-                          "the other)"));
-      }
-      t_group.ops.push_back({comm, op, stream, on_stream});
+      add_to_group(comm, std::nullopt, op, stream);
       return;
     }
     CommImpl::Guard guard(c);
@@ -771,10 +788,11 @@ chorusResult_t chorusGroupEnd(void) {
   t_group.ops.clear();
   const chorusResult_t refused = std::exchange(t_group.refused, chorusSuccess);
   const std::string refused_text = std::exchange(t_group.refused_text, std::string());
-  // One program per communicator, in the order the communicators first appear: its calls, in the order made.
+  // One program per communicator, in the order the communicators first appear: its collectives in the order they
+  // were called, then its point-to-point calls as one call (issued together).
   struct Program {
     chorusComm* comm = nullptr;
-    CollArgs args;
+    std::vector<CollArgs> calls;
     chorusStream_t stream = nullptr;  // the same for every call of the communicator (checked when added)
     bool ordered = false;             // stream-ordered (a stream or device buffers), else host
     bool issued = false;              // run, enqueued or submitted (or failed before)
@@ -792,13 +810,22 @@ chorusResult_t chorusGroupEnd(void) {
     Program& p = programs.emplace_back();
     p.comm = first.comm;
     p.stream = first.stream;
-    p.args.coll = algo::Coll::SendRecv;
-    for (const GroupOp& g : ops)
-      if (g.comm == first.comm) p.args.p2p.push_back(g.op);
+    CollArgs p2p;
+    p2p.coll = algo::Coll::SendRecv;
+    for (GroupOp& g : ops) {
+      if (g.comm != first.comm) continue;
+      if (g.coll)
+        p.calls.push_back(std::move(*g.coll));
+      else
+        p2p.p2p.push_back(g.op);
+    }
     settle(p, guarded(p.comm, [&] {
              const Live use(p.comm);
-             (*use).validate(p.args);  // the group as a whole: its sends to this rank against its receives from it
-             p.ordered = p.stream != nullptr || uses_device(p.args);
+             if (!p2p.p2p.empty()) {
+               (*use).validate(p2p);  // the group as a whole: its sends to this rank against its receives from it
+               p.calls.push_back(std::move(p2p));
+             }
+             p.ordered = p.stream != nullptr || std::any_of(p.calls.begin(), p.calls.end(), uses_device);
            }));
     p.issued = p.result != chorusSuccess;
   }
@@ -825,7 +852,25 @@ chorusResult_t chorusGroupEnd(void) {
                  const Live use(p.comm);
                  CommImpl& c = *use;
                  CommImpl::Guard guard(c);
-                 run(c, std::move(p.args), p.stream);
+                 for (CollArgs& a : p.calls) run(c, std::move(a), p.stream);
+               }));
+    return first_error();
+  }
+  // Several communicators' stream-ordered collectives would have to be staged together as their point-to-point
+  // calls are (every post before any wait), which the device-direct paths do not do: refused, with nothing run.
+  const auto has_collective = [](const Program& p) {
+    return std::any_of(p.calls.begin(), p.calls.end(),
+                       [](const CollArgs& a) { return a.coll != algo::Coll::SendRecv; });
+  };
+  if (std::any_of(programs.begin(), programs.end(),
+                  [&](const Program& p) { return !p.issued && p.ordered && has_collective(p); })) {
+    for (Program& p : programs)
+      if (!p.issued)
+        settle(p, guarded(p.comm, [&] {
+                 throw Error(chorusNotSupported, Subsys::Core,
+                             "chorusGroupEnd: a group that spans several communicators takes collectives on host "
+                             "buffers only; on a CUDA stream or device buffers it takes chorusSend/chorusRecv (nothing "
+                             "in the group ran: call the collectives outside it, one thread per communicator)");
                }));
     return first_error();
   }
@@ -847,7 +892,8 @@ chorusResult_t chorusGroupEnd(void) {
       p.issued = true;
       settle(p, guarded(p.comm, [&] {
                held.push_back(std::make_unique<Held>(p.comm));
-               calls.push_back(cuda_stream::Call{&*held.back()->use, std::move(p.args), p.stream, nullptr});
+               // Point-to-point calls only (refused above otherwise): one call.
+               calls.push_back(cuda_stream::Call{&*held.back()->use, std::move(p.calls.back()), p.stream, nullptr});
                staged.push_back(&p);
              }));
     }
@@ -858,8 +904,8 @@ chorusResult_t chorusGroupEnd(void) {
 #endif
   struct Submitted {
     Program* program;
-    std::unique_ptr<Held> held;  // until the program is done
-    std::shared_ptr<RequestState> req;
+    std::unique_ptr<Held> held;                       // until the program is done
+    std::vector<std::shared_ptr<RequestState>> reqs;  // of its calls, in order
   };
   std::vector<Submitted> submitted;
   for (Program& p : programs) {
@@ -867,21 +913,33 @@ chorusResult_t chorusGroupEnd(void) {
     p.issued = true;
     settle(p, guarded(p.comm, [&] {
              auto held = std::make_unique<Held>(p.comm);
-             auto req = (*held->use).submit(std::move(p.args));
-             submitted.push_back(Submitted{&p, std::move(held), std::move(req)});
+             std::vector<std::shared_ptr<RequestState>> reqs;
+             for (CollArgs& a : p.calls) reqs.push_back((*held->use).submit(std::move(a)));
+             submitted.push_back(Submitted{&p, std::move(held), std::move(reqs)});
            }));
   }
   // Each communicator is let go as soon as its own program is done, whatever the order: an abort of one from
   // another thread must not wait for the others.
   for (size_t left = submitted.size(); left > 0;) {
+    // A program's first call still running, or null when all are done.
+    auto running = [](const Submitted& s) -> RequestState* {
+      for (const auto& r : s.reqs) {
+        std::lock_guard<std::mutex> lock(r->mu);
+        if (!r->done) return r.get();
+      }
+      return nullptr;
+    };
     for (Submitted& s : submitted) {
-      if (!s.held) continue;
-      RequestState& st = *s.req;
-      std::unique_lock<std::mutex> lock(st.mu);
-      if (!st.done) continue;
-      const chorusResult_t code = st.result;
-      const std::string error = st.error;
-      lock.unlock();
+      if (!s.held || running(s) != nullptr) continue;
+      chorusResult_t code = chorusSuccess;
+      std::string error;
+      for (const auto& r : s.reqs) {  // the first call that failed (the later ones fail with its error)
+        std::lock_guard<std::mutex> lock(r->mu);
+        if (r->result == chorusSuccess) continue;
+        code = r->result;
+        error = r->error;
+        break;
+      }
       settle(*s.program, guarded(s.program->comm, [&] {
         if (code != chorusSuccess) throw Error(code, Subsys::Core, error);
       }));
@@ -890,8 +948,10 @@ chorusResult_t chorusGroupEnd(void) {
     }
     for (Submitted& s : submitted)
       if (s.held) {  // the first one still running: wait for it, looking at the others every millisecond
-        std::unique_lock<std::mutex> lock(s.req->mu);
-        s.req->cv.wait_for(lock, std::chrono::milliseconds(1), [&] { return s.req->done; });
+        RequestState* r = running(s);
+        if (r == nullptr) break;  // done since the loop above looked
+        std::unique_lock<std::mutex> lock(r->mu);
+        r->cv.wait_for(lock, std::chrono::milliseconds(1), [&] { return r->done; });
         break;
       }
   }

@@ -533,6 +533,81 @@ TEST(CudaCollectives, AGroupSpanningTwoCommunicatorsOnOneStreamMeetsInEitherOrde
   destroy_streams(streams);
 }
 
+// Collectives on device buffers inside a group: on one communicator they run in the order called, before the
+// group's sends and receives, on the rank's stream. Across two communicators they are refused with nothing run (they
+// are not staged together as point-to-point calls are), and both communicators stay usable.
+TEST(CudaCollectives, CollectivesOnDeviceBuffersInAGroup) {
+  CHORUS_REQUIRE_CUDA_DEVICE();
+  const int n = 4;
+  World& w = World::get(n);
+  std::vector<cudaStream_t> streams = make_streams(n);
+  const size_t count = 100003;
+  struct RankBuffers {
+    DeviceBuffer sum{count * 4}, gathered{count * 4 * n}, to_next{8}, from_prev{8};
+  };
+  std::vector<std::unique_ptr<RankBuffers>> b;
+  for (int r = 0; r < n; ++r) {
+    b.push_back(std::make_unique<RankBuffers>());
+    RankBuffers& k = *b.back();
+    ASSERT_TRUE(k.sum.ok() && k.gathered.ok() && k.to_next.ok() && k.from_prev.ok());
+    std::vector<float> x(count, static_cast<float>(r + 1));
+    ASSERT_EQ(upload(k.sum.get(), x.data(), count * 4), cudaSuccess);
+    const int64_t mine = 100 + r, none = -1;
+    ASSERT_EQ(upload(k.to_next.get(), &mine, 8), cudaSuccess);
+    ASSERT_EQ(upload(k.from_prev.get(), &none, 8), cudaSuccess);
+  }
+  w.run([&](int r, chorusComm_t comm) {
+    RankBuffers& k = *b[r];
+    cudaStream_t s = streams[r];
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusRecv(k.from_prev.get(), 1, chorusInt64, (r + n - 1) % n, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusAllReduce(k.sum.get(), k.sum.get(), count, chorusFloat32, chorusSum, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusAllGather(k.sum.get(), k.gathered.get(), count, chorusFloat32, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusSend(k.to_next.get(), 1, chorusInt64, (r + 1) % n, comm, s), chorusSuccess);
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(comm);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    chorusResult_t async = chorusSuccess;
+    ASSERT_EQ(chorusCommGetAsyncError(comm, &async), chorusSuccess);
+    ASSERT_EQ(async, chorusSuccess) << chorusGetLastError(comm);
+  });
+  std::vector<float> y(count * n);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(download(y.data(), b[r]->gathered.get(), count * 4 * n), cudaSuccess);
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], 10.0f) << "rank " << r << " element " << i;
+    int64_t got = 0;
+    ASSERT_EQ(download(&got, b[r]->from_prev.get(), 8), cudaSuccess);
+    EXPECT_EQ(got, 100 + (r + n - 1) % n) << "rank " << r;
+  }
+  w.run([&](int r, chorusComm_t a) {
+    chorusComm_t c = nullptr;
+    ASSERT_EQ(chorusCommSplit(a, 0, r, &c), chorusSuccess) << chorusGetLastError(a);
+    RankBuffers& k = *b[r];
+    cudaStream_t s = streams[r];
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    ASSERT_EQ(chorusAllReduce(k.sum.get(), k.sum.get(), count, chorusFloat32, chorusSum, a, s), chorusSuccess);
+    ASSERT_EQ(chorusAllReduce(k.sum.get(), k.sum.get(), count, chorusFloat32, chorusSum, c, s), chorusSuccess);
+    EXPECT_EQ(chorusGroupEnd(), chorusNotSupported);
+    EXPECT_NE(std::string(chorusGetLastError(a)).find("takes collectives on host buffers only"), std::string::npos)
+        << chorusGetLastError(a);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    for (chorusComm_t comm : {a, c}) {  // still usable: an all-reduce of one element each
+      ASSERT_EQ(chorusAllReduce(k.from_prev.get(), k.from_prev.get(), 1, chorusInt64, chorusMax, comm, s),
+                chorusSuccess)
+          << chorusGetLastError(comm);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(chorusCommDestroy(c), chorusSuccess);
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(download(y.data(), b[r]->sum.get(), count * 4), cudaSuccess);  // nothing of the refused group ran
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], 10.0f) << "rank " << r << " element " << i;
+    int64_t got = 0;
+    ASSERT_EQ(download(&got, b[r]->from_prev.get(), 8), cudaSuccess);
+    EXPECT_EQ(got, 100 + n - 1) << "rank " << r;
+  }
+  destroy_streams(streams);
+}
+
 // The device-direct all-gather among thread-ranks is copies only (cudaMemcpyAsync between device buffers): it must
 // finish while a kernel holds every thread slot of every SM, which work needing an SM could not do. The issue's
 // "all-gather on copy engines, zero SMs" shown on the device; bench_cuda_collectives measures its bandwidth so.

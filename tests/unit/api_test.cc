@@ -1167,12 +1167,13 @@ TEST(PointToPoint, AGroupEndReturnsACallItRefusedAfterRunningTheOthers) {
     ASSERT_EQ(chorusSend(&mine, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
     EXPECT_EQ(chorusSend(&mine, 1, chorusInt64, 5, c, nullptr), chorusInvalidArgument);
     ASSERT_EQ(chorusRecv(&theirs, 1, chorusInt64, 1 - r, c, nullptr), chorusSuccess);
-    // Later refusals (a collective, with options or not, a non-blocking one) do not replace the first.
+    // A later refusal (a non-blocking collective) does not replace the first; a blocking collective is taken.
     float f = 1.0f;
     chorusRequest_t req = nullptr;
-    EXPECT_EQ(chorusAllReduce(&f, &f, 1, chorusFloat32, chorusSum, c, nullptr), chorusInvalidUsage);
     EXPECT_EQ(chorusIallReduce(&f, &f, 1, chorusFloat32, chorusSum, c, &req), chorusInvalidUsage);
+    EXPECT_EQ(chorusAllReduce(&f, &f, 1, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
     EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
+    EXPECT_EQ(f, 2.0f);
     const std::string text = chorusGetLastError(nullptr);
     EXPECT_NE(text.find("chorusGroupEnd: the group ran without a call it refused when it was made"), std::string::npos)
         << text;
@@ -1364,6 +1365,114 @@ TEST(PointToPoint, SendToSelfInAGroup) {
     ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
     EXPECT_EQ(y, 1.0);
     EXPECT_EQ(z, 2.0);
+  });
+}
+
+// Collectives inside a group (as NCCL takes them): a communicator's collectives run in the order they were called,
+// then its point-to-point calls; a group spanning several communicators runs them at once.
+TEST(GroupedCollectives, OneThreadDrivesEveryRanksCommunicator) {
+  // The test's thread calls every rank's communicator: issued one after another outside a group, rank 0's
+  // all-reduce would wait for rank 1's, which is never called. Several slices per message.
+  constexpr int n = 4;
+  World w(n);
+  const size_t count = 100003;
+  std::vector<std::vector<int32_t>> sum(n), gathered(n), scattered(n), bcast(n), a2a_in(n), a2a_out(n), ring(n);
+  std::vector<int64_t> from_prev(n, -1);
+  const std::vector<int64_t> mine = {100, 101, 102, 103};
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  for (int r = 0; r < n; ++r) {
+    chorusComm_t c = w.comm(r);
+    sum[r].assign(count, r + 1);
+    gathered[r].assign(count * n, -1);
+    scattered[r].assign(count * n, 0);
+    for (size_t i = 0; i < scattered[r].size(); ++i) scattered[r][i] = static_cast<int32_t>(i % 7) * (r + 1);
+    bcast[r].assign(count, r == 2 ? 77 : -1);
+    a2a_in[r].resize(n * 3);
+    for (int j = 0; j < n * 3; ++j) a2a_in[r][j] = 1000 * r + j;
+    a2a_out[r].assign(n * 3, -1);
+    // A point-to-point ring too, called before the collectives on odd ranks and after them on even ones.
+    if (r % 2 == 1) {
+      ASSERT_EQ(chorusSend(&mine[r], 1, chorusInt64, (r + 1) % n, c, nullptr), chorusSuccess);
+      ASSERT_EQ(chorusRecv(&from_prev[r], 1, chorusInt64, (r + n - 1) % n, c, nullptr), chorusSuccess);
+    }
+    ASSERT_EQ(chorusAllReduce(sum[r].data(), sum[r].data(), count, chorusInt32, chorusSum, c, nullptr), chorusSuccess)
+        << chorusGetLastError(c);
+    ASSERT_EQ(chorusAllGather(sum[r].data() + 0, gathered[r].data(), count, chorusInt32, c, nullptr), chorusSuccess)
+        << chorusGetLastError(c);
+    ASSERT_EQ(chorusReduceScatter(scattered[r].data(), scattered[r].data() + r * count, count, chorusInt32, chorusMax,
+                                  c, nullptr),
+              chorusSuccess)
+        << chorusGetLastError(c);
+    ASSERT_EQ(chorusBroadcast(bcast[r].data(), bcast[r].data(), count, chorusInt32, 2, c, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusAllToAll(a2a_in[r].data(), a2a_out[r].data(), 3, chorusInt32, c, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusBarrier(c, nullptr), chorusSuccess);
+    if (r % 2 == 0) {
+      ASSERT_EQ(chorusRecv(&from_prev[r], 1, chorusInt64, (r + n - 1) % n, c, nullptr), chorusSuccess);
+      ASSERT_EQ(chorusSend(&mine[r], 1, chorusInt64, (r + 1) % n, c, nullptr), chorusSuccess);
+    }
+  }
+  ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    // The all-gather ran after the all-reduce (called in that order), so it gathered the sums.
+    EXPECT_EQ(std::count(sum[r].begin(), sum[r].end(), 10), static_cast<ptrdiff_t>(count));
+    EXPECT_EQ(std::count(gathered[r].begin(), gathered[r].end(), 10), static_cast<ptrdiff_t>(count * n));
+    for (size_t i = 0; i < count; ++i) {
+      const size_t at = r * count + i;
+      ASSERT_EQ(scattered[r][at], static_cast<int32_t>(at % 7) * n) << at;
+    }
+    EXPECT_EQ(std::count(bcast[r].begin(), bcast[r].end(), 77), static_cast<ptrdiff_t>(count));
+    for (int j = 0; j < n; ++j)
+      for (int k = 0; k < 3; ++k) EXPECT_EQ(a2a_out[r][j * 3 + k], 1000 * j + r * 3 + k);
+    EXPECT_EQ(from_prev[r], mine[(r + n - 1) % n]);
+  }
+}
+
+TEST(GroupedCollectives, EachRanksThreadGroupsCollectivesWithPointToPoint) {
+  // Rank 0 calls its send before the all-reduce, rank 1 its receive after it: the collectives run first on both.
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t c) {
+    const size_t count = 300001;  // several slices: a send cannot complete before its receive is posted
+    std::vector<float> x(count, 1.5f * (r + 1)), to_peer(count, 3.0f + r), from_peer(count, -1);
+    double y = r == 0 ? 2.0 : 5.0;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    if (r == 0) {
+      ASSERT_EQ(chorusSend(to_peer.data(), count, chorusFloat32, 1, c, nullptr), chorusSuccess);
+    }
+    ASSERT_EQ(chorusAllReduce(x.data(), x.data(), count, chorusFloat32, chorusSum, c, nullptr), chorusSuccess);
+    ASSERT_EQ(chorusAllReduce(&y, &y, 1, chorusFloat64, chorusProd, c, nullptr), chorusSuccess);
+    if (r == 1) {
+      ASSERT_EQ(chorusRecv(from_peer.data(), count, chorusFloat32, 0, c, nullptr), chorusSuccess);
+    }
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(c);
+    EXPECT_EQ(std::count(x.begin(), x.end(), 4.5f), static_cast<ptrdiff_t>(count));
+    EXPECT_EQ(y, 10.0);
+    if (r == 1) {
+      EXPECT_EQ(std::count(from_peer.begin(), from_peer.end(), 3.0f), static_cast<ptrdiff_t>(count));
+    }
+  });
+}
+
+TEST(GroupedCollectives, ACollectiveRefusedInsideTheGroupIsLeftOutAndReturnedAtItsEnd) {
+  World& w = World::get(2);
+  w.run([&](int r, chorusComm_t c) {
+    int32_t v = r + 1, u = 10 * (r + 1);
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    EXPECT_EQ(chorusAllReduce(&v, &v, 1, chorusInt32, chorusSum, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusAllReduce(&v, nullptr, 1, chorusInt32, chorusSum, c, nullptr), chorusInvalidArgument);
+    EXPECT_NE(std::string(chorusGetLastError(c)).find("recvbuff is NULL"), std::string::npos) << chorusGetLastError(c);
+    chorusRequest_t req = nullptr;
+    EXPECT_EQ(chorusIallReduce(&u, &u, 1, chorusInt32, chorusSum, c, &req), chorusInvalidUsage);
+    EXPECT_NE(std::string(chorusGetLastError(c)).find("a non-blocking collective inside a group"), std::string::npos)
+        << chorusGetLastError(c);
+    EXPECT_EQ(chorusAllReduce(&u, &u, 1, chorusInt32, chorusMax, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
+    EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("refused when it was made: rank " + std::to_string(r)),
+              std::string::npos)
+        << chorusGetLastError(nullptr);
+    EXPECT_EQ(v, 3);
+    EXPECT_EQ(u, 20);
+    EXPECT_EQ(req, nullptr);
   });
 }
 
