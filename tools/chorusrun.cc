@@ -45,6 +45,7 @@ struct Rank {
   pid_t pid = -1;
   Stream out, err;  // the rank's stdout and stderr, passed on to chorusrun's own
   bool exited = false;
+  bool stopped = false;  // by a signal (SIGSTOP, SIGTSTP...), until continued
   int status = 0;
 };
 
@@ -415,9 +416,20 @@ int main(int argc, char** argv) {
     }
     int status;
     pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
       for (int r = 0; r < n; ++r) {
         if (ranks[r].pid != pid) continue;
+        if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
+          // A stopped rank runs nothing, so the ranks that wait for it time out; say which one it is.
+          ranks[r].stopped = WIFSTOPPED(status);
+          if (ranks[r].stopped && !signalled)
+            std::fprintf(stderr,
+                         "chorusrun: rank %d (pid %d) was stopped by signal %d (%s); ranks that wait for it will "
+                         "time out (kill -CONT %d continues it)\n",
+                         r, static_cast<int>(pid), WSTOPSIG(status), strsignal(WSTOPSIG(status)),
+                         static_cast<int>(pid));
+          continue;
+        }
         // A rank that died (or left without destroying its communicators) may leave shm segments nobody maps:
         // named with this launch's id, or without one if a wrapper cleared the rank's environment.
         if (const int n_removed =
@@ -479,6 +491,10 @@ int main(int argc, char** argv) {
       stopping = true;
       stop_at = now + std::chrono::seconds(first_failed >= 0 ? 10 : 0);
     }
+    // Stopped ranks cannot report anything: when every rank left is stopped, the others' grace ends now.
+    if (stopping && !signalled &&
+        std::all_of(ranks.begin(), ranks.end(), [](const Rank& k) { return k.exited || k.stopped; }))
+      stop_at = std::min(stop_at, now);
     if (stopping && now >= stop_at) {
       stop_all(SIGTERM);
       if (now >= stop_at + std::chrono::seconds(3)) stop_all(SIGKILL);

@@ -101,6 +101,9 @@ TEST(Faults, AStoppedRankLeadsTheOthersTimeoutErrors) {
                  MP_WORKER + " stop");
   EXPECT_EQ(r.code, 124) << r.out;  // chorusrun's own timeout: the stopped rank never ends by itself
   EXPECT_EQ(count_of(r.out, "stop: error leads with rank 2"), 3) << r.out;
+  // chorusrun says which rank stopped, once (not again for its own SIGCONT and SIGTERM at the timeout).
+  EXPECT_EQ(count_of(r.out, "was stopped by signal"), 1) << r.out;
+  EXPECT_NE(r.out.find("chorusrun: rank 2 (pid "), std::string::npos) << r.out;
 }
 
 TEST_P(Fault, MismatchedCountIsReportedEverywhereWithBothFingerprints) {
