@@ -20,8 +20,8 @@ namespace {
 constexpr ParamInfo kParams[] = {
     {Param::Debug, "CHORUS_DEBUG", "string", "WARN", "Log level: NONE, WARN, INFO or TRACE."},
     {Param::DebugSubsys, "CHORUS_DEBUG_SUBSYS", "string", "ALL",
-     "Comma-separated subsystems to log (CORE, BOOTSTRAP, TRANSPORT, RUNTIME, ALGORITHMS, KERNELS, TOPOLOGY, "
-     "TOOLS, ALL); a leading ^ excludes the listed ones."},
+     "Comma-separated subsystems whose INFO and TRACE messages to log (CORE, BOOTSTRAP, TRANSPORT, RUNTIME, "
+     "ALGORITHMS, KERNELS, TOPOLOGY, TOOLS, ALL); a leading ^ excludes the listed ones. Warnings are always logged."},
     {Param::DebugFile, "CHORUS_DEBUG_FILE", "string", "",
      "Write logs to this file instead of stderr; %h is replaced by the host name, %p by the pid."},
     {Param::TimeoutMs, "CHORUS_TIMEOUT_MS", "int", "300000",

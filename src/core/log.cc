@@ -47,14 +47,27 @@ LogState& state() {
     std::string subs = upper(param_str(Param::DebugSubsys));
     bool exclude = !subs.empty() && subs[0] == '^';
     if (exclude) subs.erase(0, 1);
+    bool any_known = false;
     for (size_t pos = 0; pos <= subs.size();) {
       size_t comma = subs.find(',', pos);
       std::string name = subs.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      bool known = name == "ALL" || name.empty();
+      bool known = name == "ALL";
       for (int i = 0; i < static_cast<int>(Subsys::Count); ++i) known |= name == subsys_name(static_cast<Subsys>(i));
-      if (!known) std::fprintf(stderr, "chorus: CHORUS_DEBUG_SUBSYS: unknown subsystem '%s' ignored\n", name.c_str());
+      any_known |= known;
+      if (!known && !name.empty()) {
+        std::string names;
+        for (int i = 0; i < static_cast<int>(Subsys::Count); ++i)
+          names += std::string(subsys_name(static_cast<Subsys>(i))) + ", ";
+        std::fprintf(stderr, "chorus: CHORUS_DEBUG_SUBSYS: unknown subsystem '%s' ignored (known: %sALL)\n",
+                     name.c_str(), names.c_str());
+      }
       if (comma == std::string::npos) break;
       pos = comma + 1;
+    }
+    // A list of unknown names only would silence every subsystem: it is ignored as a whole.
+    if (!any_known) {
+      subs = "ALL";
+      exclude = false;
     }
     for (int i = 0; i < static_cast<int>(Subsys::Count); ++i) {
       std::string name = subsys_name(static_cast<Subsys>(i));
@@ -92,7 +105,8 @@ LogState& state() {
 
 bool log_enabled(LogLevel level, Subsys subsys) {
   LogState& s = state();
-  return level <= s.level && s.subsys_on[static_cast<int>(subsys)];
+  // Warnings are always shown (a peer's failure, a misspelt setting); the subsystems choose among the rest.
+  return level <= s.level && (level == LogLevel::Warn || s.subsys_on[static_cast<int>(subsys)]);
 }
 
 void log_write(LogLevel level, Subsys subsys, const char* fmt, ...) {

@@ -1,5 +1,6 @@
 // Run-time switchable logging: CHORUS_DEBUG=WARN|INFO|TRACE, CHORUS_DEBUG_SUBSYS=BOOTSTRAP,TRANSPORT,...
-// (or ALL, or ^SUBSYS to exclude), CHORUS_DEBUG_FILE=path (%h host, %p pid). Thread-safe.
+// (or ALL, or ^SUBSYS to exclude) choosing the INFO and TRACE messages shown (warnings always are, as in NCCL),
+// CHORUS_DEBUG_FILE=path (%h host, %p pid). Thread-safe.
 #pragma once
 
 #include "core/error.h"

@@ -410,6 +410,26 @@ TEST(PerfTools, TheHeaderNamesTheSettingsInEffectAndAMisspeltOne) {
       << r.out;
 }
 
+// CHORUS_DEBUG_SUBSYS chooses among INFO and TRACE messages; warnings always show (as NCCL's do). A list of unknown
+// names only used to silence every subsystem, the warnings too.
+TEST(Logging, WarningsShowWhicheverSubsystemsAreChosen) {
+  const std::string warning = "CHORUS_FP32_PARTIAL is set but is not a Chorus setting";
+  for (const char* subsys : {"FOO", "TRANSPORT", "^CORE", "ALL"}) {
+    const Result r = run(std::string("env CHORUS_DEBUG_SUBSYS=") + subsys + " CHORUS_FP32_PARTIAL=1 " +
+                         ALL_REDUCE_PERF + " -t 2 -b 8 -e 8 -n 1 -w 0");
+    EXPECT_EQ(r.code, 0) << subsys << "\n" << r.out;
+    EXPECT_NE(r.out.find(warning), std::string::npos) << subsys << "\n" << r.out;
+  }
+  // An unknown name is said, with the known ones; with nothing else listed, INFO shows for every subsystem.
+  const Result r = run("env CHORUS_DEBUG=INFO CHORUS_DEBUG_SUBSYS=FOO " + std::string(ALL_REDUCE_PERF) +
+                       " -t 2 -b 8 -e 8 -n 1 -w 0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CHORUS_DEBUG_SUBSYS: unknown subsystem 'FOO' ignored (known: CORE, BOOTSTRAP"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(" INFO ALGORITHMS: "), std::string::npos) << r.out;
+}
+
 // The footer says which algorithm each size ran (what the library ran, not what the tool asked for), in the text
 // and in -J's records.
 TEST(PerfTools, TheFooterNamesTheAlgorithmEachSizeRan) {
