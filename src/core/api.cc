@@ -170,15 +170,26 @@ struct GroupState {
   // The first call refused when it was made inside the group (its code and text): chorusGroupEnd returns it too.
   chorusResult_t refused = chorusSuccess;
   std::string refused_text;
+  // The communicators that had a call refused, with the first refusal's text: one that also has collectives in the
+  // group runs none of its calls (its collectives would meet other collectives of its peers).
+  struct Refusal {
+    chorusComm* comm;
+    chorusResult_t code;
+    std::string text;
+  };
+  std::vector<Refusal> refused_on;
 };
 thread_local GroupState t_group;
 
-// The result of a call that may be made inside a group: a refusal there is kept for chorusGroupEnd.
-chorusResult_t noted_in_group(chorusResult_t r) {
-  if (r != chorusSuccess && t_group.depth > 0 && t_group.refused == chorusSuccess) {
+// The result of a call on `comm` that may be made inside a group: a refusal there is kept for chorusGroupEnd.
+chorusResult_t noted_in_group(chorusComm* comm, chorusResult_t r) {
+  if (r == chorusSuccess || t_group.depth == 0) return r;
+  if (t_group.refused == chorusSuccess) {
     t_group.refused = r;
     t_group.refused_text = t_last_error;
   }
+  if (std::none_of(t_group.refused_on.begin(), t_group.refused_on.end(), [&](const auto& e) { return e.comm == comm; }))
+    t_group.refused_on.push_back({comm, r, t_last_error});
   return r;
 }
 
@@ -269,68 +280,69 @@ void add_to_group(chorusComm* comm, std::optional<CollArgs> coll, const P2POp& o
 
 chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
   stream = canonical(stream);
-  return noted_in_group(guarded(comm, [&] {
-    const Live use(comm);
-    CommImpl& c = *use;
-    no_stream_without_cuda(stream);
-    if (t_group.depth > 0) {
-      c.validate(a);
-      add_to_group(comm, std::move(a), P2POp{}, stream);
-      return;
-    }
-    CommImpl::Guard guard(c);
-    c.validate(a);
-    run(c, std::move(a), stream);
-  }));
+  return noted_in_group(comm, guarded(comm, [&] {
+                          const Live use(comm);
+                          CommImpl& c = *use;
+                          no_stream_without_cuda(stream);
+                          if (t_group.depth > 0) {
+                            c.validate(a);
+                            add_to_group(comm, std::move(a), P2POp{}, stream);
+                            return;
+                          }
+                          CommImpl::Guard guard(c);
+                          c.validate(a);
+                          run(c, std::move(a), stream);
+                        }));
 }
 
 chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* request) {
-  return noted_in_group(guarded(comm, [&] {
-    const Live use(comm);
-    CommImpl& c = *use;
-    if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
-    refuse_in_group("a non-blocking collective");
-    host_buffers_only(a, "a non-blocking call");
-    CommImpl::Guard guard(c);
-    c.validate(a);
-    auto r = std::make_unique<chorusRequest>();
-    r->comm = comm;
-    r->state = c.submit(std::move(a));
-    {
-      std::lock_guard<std::mutex> lock(g_requests_mu);
-      g_requests.insert(r.get());
-    }
-    *request = r.release();
-  }));
+  return noted_in_group(comm, guarded(comm, [&] {
+                          const Live use(comm);
+                          CommImpl& c = *use;
+                          if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
+                          refuse_in_group("a non-blocking collective");
+                          host_buffers_only(a, "a non-blocking call");
+                          CommImpl::Guard guard(c);
+                          c.validate(a);
+                          auto r = std::make_unique<chorusRequest>();
+                          r->comm = comm;
+                          r->state = c.submit(std::move(a));
+                          {
+                            std::lock_guard<std::mutex> lock(g_requests_mu);
+                            g_requests.insert(r.get());
+                          }
+                          *request = r.release();
+                        }));
 }
 
 chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chorusDataType_t dtype, int peer,
                    chorusStream_t stream) {
   stream = canonical(stream);
-  return noted_in_group(guarded(comm, [&] {
-    const Live use(comm);
-    CommImpl& c = *use;
-    no_stream_without_cuda(stream);
-    const P2POp op{is_send, peer, buf, count, dtype};
-    CollArgs a;
-    a.coll = algo::Coll::SendRecv;
-    a.p2p.push_back(op);
-    // A group's calls are checked one by one here, and as a whole (self-sends against self-receives) at its end.
-    if (t_group.depth > 0)
-      c.validate_p2p_op(op);
-    else
-      c.validate(a);
+  return noted_in_group(comm, guarded(comm, [&] {
+                          const Live use(comm);
+                          CommImpl& c = *use;
+                          no_stream_without_cuda(stream);
+                          const P2POp op{is_send, peer, buf, count, dtype};
+                          CollArgs a;
+                          a.coll = algo::Coll::SendRecv;
+                          a.p2p.push_back(op);
+                          // A group's calls are checked one by one here, and as a whole (self-sends against
+                          // self-receives) at its end.
+                          if (t_group.depth > 0)
+                            c.validate_p2p_op(op);
+                          else
+                            c.validate(a);
 #ifdef CHORUS_WITH_CUDA
-    if ((stream != nullptr || uses_device(a)) && count > 0)
-      cuda_stream::require_device_buffer(buf, is_send ? "sendbuff" : "recvbuff");
+                          if ((stream != nullptr || uses_device(a)) && count > 0)
+                            cuda_stream::require_device_buffer(buf, is_send ? "sendbuff" : "recvbuff");
 #endif
-    if (t_group.depth > 0) {
-      add_to_group(comm, std::nullopt, op, stream);
-      return;
-    }
-    CommImpl::Guard guard(c);
-    run(c, std::move(a), stream);
-  }));
+                          if (t_group.depth > 0) {
+                            add_to_group(comm, std::nullopt, op, stream);
+                            return;
+                          }
+                          CommImpl::Guard guard(c);
+                          run(c, std::move(a), stream);
+                        }));
 }
 
 }  // namespace
@@ -435,32 +447,34 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
 }
 
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm) {
-  return noted_in_group(guarded(comm, [&] {
-    const Live use(comm);
-    CommImpl& c = *use;
-    refuse_in_group("chorusCommSplit");
-    CommImpl::Guard guard(c);
-    auto impl = c.split(color, key, newcomm != nullptr);
-    chorusComm* child = impl ? wrap(std::move(impl)) : nullptr;
-    if (child != nullptr) child->origin = cat(" (split color ", color, " of rank ", comm->rank, comm->origin, ")");
-    *newcomm = child;
-  }));
+  return noted_in_group(comm, guarded(comm, [&] {
+                          const Live use(comm);
+                          CommImpl& c = *use;
+                          refuse_in_group("chorusCommSplit");
+                          CommImpl::Guard guard(c);
+                          auto impl = c.split(color, key, newcomm != nullptr);
+                          chorusComm* child = impl ? wrap(std::move(impl)) : nullptr;
+                          if (child != nullptr)
+                            child->origin = cat(" (split color ", color, " of rank ", comm->rank, comm->origin, ")");
+                          *newcomm = child;
+                        }));
 }
 
 chorusResult_t chorusCommDestroy(chorusComm_t comm) {
   // A retired handle stays allocated (retire), so its error text can be set even after a failed second destroy.
-  return noted_in_group(guarded(comm, [&] {
-    const Live use(comm);
-    refuse_in_group("chorusCommDestroy");
-    {
-      // Refused while another thread is inside a call on this communicator.
-      CommImpl::Guard guard(*use);
-      // Queued work finishes first, while the communicator is still published: a watchdog's chorusCommAbort can
-      // then end a wait for a peer that will not come, instead of finding the handle retired.
-      (*use).drain();
-    }
-    retire(comm);
-  }));
+  return noted_in_group(comm, guarded(comm, [&] {
+                          const Live use(comm);
+                          refuse_in_group("chorusCommDestroy");
+                          {
+                            // Refused while another thread is inside a call on this communicator.
+                            CommImpl::Guard guard(*use);
+                            // Queued work finishes first, while the communicator is still published: a watchdog's
+                            // chorusCommAbort can then end a wait for a peer that will not come, instead of finding the
+                            // handle retired.
+                            (*use).drain();
+                          }
+                          retire(comm);
+                        }));
 }
 
 chorusResult_t chorusCommAbort(chorusComm_t comm) {
@@ -581,13 +595,13 @@ chorusResult_t apply_options(chorusComm* comm, CollArgs& a, const chorusCollOpti
 }
 
 chorusResult_t collective_ex(chorusComm* comm, CollArgs a, const chorusCollOptions_t* options, chorusStream_t stream) {
-  const chorusResult_t r = noted_in_group(apply_options(comm, a, options));
+  const chorusResult_t r = noted_in_group(comm, apply_options(comm, a, options));
   return r != chorusSuccess ? r : collective(comm, std::move(a), stream);
 }
 
 chorusResult_t icollective_ex(chorusComm* comm, CollArgs a, const chorusCollOptions_t* options,
                               chorusRequest_t* request) {
-  const chorusResult_t r = noted_in_group(apply_options(comm, a, options));
+  const chorusResult_t r = noted_in_group(comm, apply_options(comm, a, options));
   return r != chorusSuccess ? r : icollective(comm, std::move(a), request);
 }
 }  // namespace
@@ -751,8 +765,8 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
                                const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
                                chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
-  chorusResult_t r =
-      noted_in_group(alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype));
+  chorusResult_t r = noted_in_group(
+      comm, alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype));
   return r != chorusSuccess ? r : collective(comm, std::move(a), stream);
 }
 
@@ -788,6 +802,7 @@ chorusResult_t chorusGroupEnd(void) {
   t_group.ops.clear();
   const chorusResult_t refused = std::exchange(t_group.refused, chorusSuccess);
   const std::string refused_text = std::exchange(t_group.refused_text, std::string());
+  const auto refused_on = std::exchange(t_group.refused_on, {});
   // One program per communicator, in the order the communicators first appear: its collectives in the order they
   // were called, then its point-to-point calls as one call (issued together).
   struct Program {
@@ -819,10 +834,23 @@ chorusResult_t chorusGroupEnd(void) {
       else
         p2p.p2p.push_back(g.op);
     }
+    // A communicator with collectives in the group runs all of its calls or none: without one that was refused, its
+    // later collectives would meet other collectives of its peers (the same kind and size: silently wrong values).
+    const bool has_collectives = !p.calls.empty();
+    const char* none_ran = "; so none of this communicator's calls in the group ran, its collectives neither";
     settle(p, guarded(p.comm, [&] {
              const Live use(p.comm);
+             for (const GroupState::Refusal& f : refused_on)
+               if (has_collectives && f.comm == p.comm)
+                 throw Error(f.code, Subsys::Core,
+                             cat("chorusGroupEnd: a call was refused when it was made (", f.text, ")", none_ran));
              if (!p2p.p2p.empty()) {
-               (*use).validate(p2p);  // the group as a whole: its sends to this rank against its receives from it
+               try {
+                 (*use).validate(p2p);  // the group as a whole: its sends to this rank against its receives from it
+               } catch (const Error& e) {
+                 if (!has_collectives) throw;
+                 throw Error(e.code(), e.subsys(), cat(e.what(), none_ran));
+               }
                p.calls.push_back(std::move(p2p));
              }
              p.ordered = p.stream != nullptr || std::any_of(p.calls.begin(), p.calls.end(), uses_device);
@@ -1042,8 +1070,8 @@ chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, 
                                 const size_t* recvcounts, const size_t* rdispls, chorusDataType_t datatype,
                                 chorusComm_t comm, chorusRequest_t* request) {
   CollArgs a;
-  chorusResult_t r =
-      noted_in_group(alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype));
+  chorusResult_t r = noted_in_group(
+      comm, alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype));
   return r != chorusSuccess ? r : icollective(comm, std::move(a), request);
 }
 
