@@ -1310,7 +1310,14 @@ class ChorusBackend final : public Backend {
   }
 
   void abort() override {
-    if (comm_ != nullptr) chorusCommAbort(comm_);
+    if (comm_ == nullptr) return;
+    // A refused call (a bad argument) leaves the communicator healthy: destroyed, it says goodbye, so the peers
+    // waiting for this rank hear that it left instead of logging that its process died. A broken one is aborted.
+    chorusResult_t async = chorusSuccess;
+    if (chorusCommGetAsyncError(comm_, &async) == chorusSuccess && async == chorusSuccess)
+      chorusCommDestroy(comm_);
+    else
+      chorusCommAbort(comm_);
     comm_ = nullptr;
   }
 

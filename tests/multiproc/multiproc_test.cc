@@ -465,6 +465,12 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   EXPECT_EQ(ok.code, 0) << ok.out;
   Result algo = run(tool + " -A bruck");
   EXPECT_EQ(algo.code, 2) << algo.out;
+  // The refused call left the communicators healthy: they are destroyed, not aborted, so no rank is said to have
+  // died (helper-74), also when the ranks are processes.
+  EXPECT_EQ(algo.out.find("without a goodbye"), std::string::npos) << algo.out;
+  algo = run(std::string(CHORUSRUN) + " -n 2 " + ALL_REDUCE_PERF + " -b 8 -e 64 -n 2 -w 1 -A bruck");
+  EXPECT_EQ(algo.code, 2) << algo.out;
+  EXPECT_EQ(algo.out.find("without a goodbye"), std::string::npos) << algo.out;
   // A usage error leaves -J's file as it was (it used to be overwritten with []).
   const std::string kept = "/tmp/chorus_perf_kept_" + std::to_string(getpid()) + ".json";
   std::ofstream(kept) << "precious\n";
