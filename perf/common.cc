@@ -23,6 +23,7 @@
 
 #include "core/communicator.h"
 #include "core/config.h"
+#include "kernels/cpu/codec.h"
 #include "kernels/cpu/float_types.h"
 #include "kernels/cpu/reduce.h"
 
@@ -343,10 +344,23 @@ int parse_options(int argc, char** argv, const ToolInfo& tool, Options* out, boo
           o.compression = 0;
           for (int k = 0; k < 5; ++k)
             if (name == kNames[k]) o.compression = k + 1;
-          if (o.compression == 0) throw BadValue{"expected int8, fp8_e4m3, int4, sign1 or sign_vote[:block]"};
+          if (o.compression == 0)
+            throw BadValue{"expected int8[:block], fp8_e4m3, int4, sign1[:block] or sign_vote, then :rht or nothing"};
           if (v.find(':') != std::string::npos)
-            o.compression_block = static_cast<uint32_t>(parse_int(
-                v.substr(v.find(':') + 1).c_str(), 0, 1 << 30));  // 0: the default; the library checks the rest
+            o.compression_block = static_cast<uint32_t>(parse_int(v.substr(v.find(':') + 1).c_str(), 0, 1 << 30));
+          // The block and rotation as the library checks them (0: the codec's default), before anything runs.
+          static constexpr kernels::codec::CodecKind kKinds[] = {
+              kernels::codec::CodecKind::Int8, kernels::codec::CodecKind::Fp8E4M3, kernels::codec::CodecKind::Int4,
+              kernels::codec::CodecKind::Sign1, kernels::codec::CodecKind::SignVote};
+          kernels::codec::Codec codec;
+          codec.kind = kKinds[o.compression - 1];
+          codec.block = o.compression_block;
+          codec.rotation = o.compression_rotation;
+          try {
+            kernels::codec::validate(codec);
+          } catch (const Error& e) {
+            throw BadValue{e.what()};
+          }
           break;
         }
         case 'h': print_usage(stdout, tool); return kExitOk;
