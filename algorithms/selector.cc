@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <tuple>
 
@@ -413,6 +414,13 @@ std::shared_ptr<const Choice> Selector::decide(const Key& key) const {
       return take(i, rule.pinned ? ChoiceReason::Pinned : ChoiceReason::Override, what);
     prefix = cat(what, " ignored: ", rule.algorithm, " ",
                  i >= 0 ? choice->candidates[static_cast<size_t>(i)].note : "is unknown", "; ");
+    // The user asked for it: said as a warning, once per process for each distinct reason (every thread-rank and
+    // size it applies to would repeat it), where the rest of the decision is INFO.
+    static std::mutex warned_mu;
+    static std::set<std::string>* warned = new std::set<std::string>();  // never freed: used until exit
+    const std::string text = cat(coll_name(coll), " on ", n, " ranks: ", prefix, "the cost model chooses instead");
+    std::lock_guard<std::mutex> lock(warned_mu);
+    if (warned->insert(text).second) CHORUS_WARN(Algorithms, "%s", text.c_str());
   }
 
   // Cheapest floors first; a candidate whose floor already exceeds the best prediction by more than the near-tie

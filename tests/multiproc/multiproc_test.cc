@@ -430,6 +430,19 @@ TEST(Logging, WarningsShowWhicheverSubsystemsAreChosen) {
   EXPECT_NE(r.out.find(" INFO ALGORITHMS: "), std::string::npos) << r.out;
 }
 
+// A CHORUS_ALGO rule that cannot run (one-shot beyond 64 ranks) used to be set aside at INFO only: it is a warning,
+// once per process however many thread-ranks and sizes it applies to.
+TEST(Logging, AnAlgoRuleThatCannotRunIsAWarningOncePerProcess) {
+  const Result r =
+      run("env CHORUS_ALGO=allreduce:oneshot " + std::string(ALL_REDUCE_PERF) + " -t 65 -b 8 -e 64 -n 1 -w 0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out,
+                     "WARN ALGORITHMS: AllReduce on 65 ranks: CHORUS_ALGO rule 'allreduce:oneshot' ignored: "
+                     "oneshot does not apply"),
+            1)
+      << r.out;
+}
+
 // The footer says which algorithm each size ran (what the library ran, not what the tool asked for), in the text
 // and in -J's records.
 TEST(PerfTools, TheFooterNamesTheAlgorithmEachSizeRan) {
