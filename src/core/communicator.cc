@@ -941,10 +941,12 @@ CommImpl::Diagnosis CommImpl::diagnose_timeout(const WireHeader* call) {
                                    " ms (stopped, hung, slow or unreachable)");
     // Every rank that answered had called this collective: the silent ones are what it waits for, whichever
     // neighbour this rank's own wait names (that one is often waiting too).
-    if (out.empty())
+    if (out.empty()) {
       d.lead = clause;
-    else
+      d.lead_key = cat("rank(s) ", list(silent), " did not answer a status question");
+    } else {
       out += "; " + clause;
+    }
   }
   if (out.empty() && d.lead.empty()) out = cat("; at the timeout, every rank had called ", what);
   return d;
@@ -971,9 +973,12 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   const bool symptom = e.subsys() == Subsys::Transport || e.code() == chorusTimeout;
   // A timeout names the peer waited for, which may itself be waiting: ask every rank how far it is.
   bool group_peer_stuck = false;
+  const std::string symptom_here = text.substr(what.size() + 2);
+  std::string lead_key;  // this rank's diagnosis, as a peer's report that leads with the same one would say it
   if (!aborted_ && e.code() == chorusTimeout && hdr.seq != 0 && !bootstrap_->failed()) {
     const Diagnosis d = diagnose_timeout(&hdr);
     group_peer_stuck = d.group_peer_stuck;
+    lead_key = d.lead_key;
     if (d.lead.empty())
       text += d.suffix;
     else
@@ -1007,8 +1012,12 @@ void CommImpl::fail_call(const Error& e, const WireHeader& hdr) {
   if (bootstrap_->failed() && text.find("peer failure") == std::string::npos) {
     PeerFailure f = peer_failure();
     if (f.rank != rank_) {
+      // A peer's report that leads with this rank's own diagnosis (the same silent ranks) is not said twice: what
+      // this rank saw itself follows.
+      const std::string peer = peer_failure_what();
+      const bool same_lead = !lead_key.empty() && peer.find(lead_key) != std::string::npos;
       Error remote(chorusRemoteError, Subsys::Core,
-                   cat(what, ": peer failure: ", peer_failure_what(), " (seen here as: ", text, ")"));
+                   cat(what, ": peer failure: ", peer, " (seen here as: ", same_lead ? symptom_here : text, ")"));
       fail(remote);
       throw remote;
     }

@@ -275,6 +275,7 @@ class CommImpl {
   // (every rank that answered had called it): a stopped rank, not the neighbour this rank waited for.
   struct Diagnosis {
     std::string lead, suffix;
+    std::string lead_key;  // the lead without its timings: equal on every rank that diagnoses the same silent ranks
     // A point-to-point call's: a peer of its group, still there, was in no point-to-point call or did not answer.
     bool group_peer_stuck = false;
   };
