@@ -61,7 +61,10 @@ int main(int argc, char** argv) {
       return 0;
     } else if (a == "--topology") {
       topology = true;
-    } else if (a == "--transport" && i + 1 < argc) {
+    } else if ((a == "--transport" || a == "-n") && i + 1 == argc) {
+      std::fprintf(stderr, "chorus-info: %s needs a value\n%s", a.c_str(), kUsage);
+      return 2;
+    } else if (a == "--transport") {
       const std::string name = argv[++i];
       const auto names = chorus::transport_names();
       if (std::find(names.begin(), names.end(), name) == names.end()) {
@@ -73,7 +76,7 @@ int main(int argc, char** argv) {
       return r.available ? 0 : 3;
     } else if (a == "--json") {
       json = true;
-    } else if (a == "-n" && i + 1 < argc) {
+    } else if (a == "-n") {
       char* end = nullptr;
       const long v = std::strtol(argv[++i], &end, 10);
       if (*end != '\0' || v < 1 || v > 1 << 20) {

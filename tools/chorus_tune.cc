@@ -750,9 +750,11 @@ int run(Job& job, const Options& opt) {
         n);
     for (size_t i = 1; i < checks.size(); ++i) {
       const Timed& c = checks[i];
+      // Rounded first, so that a difference below 0.5% prints as +0%, not -0%.
+      const double off_percent = std::round(100 * (c.predicted_s / c.measured_s - 1)) + 0.0;
       std::printf("  %-5s %10s %10.1f us  predicted %10.1f us (%+.0f%%)  pair alphas only %10.1f us\n", c.algorithm,
-                  human_bytes(c.count * sizeof(float)).c_str(), c.measured_s * 1e6, c.predicted_s * 1e6,
-                  100 * (c.predicted_s / c.measured_s - 1), c.predicted_pair_s * 1e6);
+                  human_bytes(c.count * sizeof(float)).c_str(), c.measured_s * 1e6, c.predicted_s * 1e6, off_percent,
+                  c.predicted_pair_s * 1e6);
     }
   }
 

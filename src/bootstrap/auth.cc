@@ -135,7 +135,14 @@ bool AuthServer::fill(int fd, size_t want) {
       continue;
     }
     if (n == 0) {
-      refuse(cat("closed the connection during authentication (after ", got_, " bytes)"));
+      // A client checks this side's proof (in the challenge) before sending its own: one holding another secret
+      // closes here.
+      if (state_ == State::ReadProof && got_ == 0)
+        refuse(
+            "closed the connection after our challenge, without its proof: it most likely holds another secret "
+            "(check the unique id or CHORUS_SECRET)");
+      else
+        refuse(cat("closed the connection during authentication (after ", got_, " bytes)"));
       return false;
     }
     if (errno == EINTR) continue;

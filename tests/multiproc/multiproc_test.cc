@@ -368,6 +368,13 @@ TEST(ChorusInfo, ShowsSettingsButNotTheSecretAndPointsOutAMisspeltOne) {
   EXPECT_NE(r.out.find("CHORUS_TIMOUT_MS       set but not a setting: ignored (did you mean CHORUS_TIMEOUT_MS?)"),
             std::string::npos)
       << r.out;
+  // An option whose value is missing says so (it used to be an "unknown argument").
+  for (const char* option : {"--transport", "--topology -n"}) {
+    r = run(std::string(CHORUS_INFO) + " " + option);
+    EXPECT_EQ(r.code, 2) << r.out;
+    const std::string name = std::string(option).substr(std::string(option).rfind(' ') + 1);
+    EXPECT_NE(r.out.find("chorus-info: " + name + " needs a value"), std::string::npos) << option << "\n" << r.out;
+  }
 }
 
 #ifdef ALL_REDUCE_PERF
