@@ -282,8 +282,29 @@ std::shared_ptr<const Choice> Selector::choose(Coll coll, size_t count, size_t e
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
   }
-  std::shared_ptr<const Choice> made = decide(key);
+  std::promise<std::shared_ptr<const Choice>> promise;
+  {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+    if (auto it = deciding_.find(key); it != deciding_.end()) {
+      std::shared_future<std::shared_ptr<const Choice>> made = it->second;
+      lock.unlock();
+      return made.get();  // rethrows what the deciding thread's decide() threw
+    }
+    deciding_.emplace(key, promise.get_future().share());
+  }
+  std::shared_ptr<const Choice> made;
+  try {
+    made = decide(key);
+  } catch (...) {
+    promise.set_exception(std::current_exception());
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    deciding_.erase(key);  // not kept: a later call decides again (and fails alike)
+    throw;
+  }
+  promise.set_value(made);
   std::unique_lock<std::shared_mutex> lock(mu_);
+  deciding_.erase(key);
   if (memo_.size() >= kMemoMax) memo_.clear();
   return memo_.try_emplace(std::move(key), std::move(made)).first->second;
 }

@@ -23,6 +23,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -185,6 +186,9 @@ class Selector {
   double direct_floor_s_ = 0;    // CostFloor::direct: 2 (N - ranks of the smallest host) network o; 0 on one host
   mutable std::shared_mutex mu_;
   mutable std::unordered_map<Key, std::shared_ptr<const Choice>, KeyHash> memo_;
+  // Decisions being made, by the first thread that asked: the others (thread-ranks sharing this selector, which
+  // call together) wait for it instead of simulating the same candidates again.
+  mutable std::unordered_map<Key, std::shared_future<std::shared_ptr<const Choice>>, KeyHash> deciding_;
   // Every program this selector generated or took from the cache, by (algorithm id, root): held, so that the
   // process-wide cache keeps them while this communicator lives and may drop them after.
   mutable std::mutex held_mu_;

@@ -6,13 +6,16 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "algorithms/algorithms.h"
 #include "bootstrap/root.h"
@@ -109,6 +112,25 @@ std::string settings_difference(const std::string& mine, const std::string& thei
 
 }  // namespace
 
+namespace {
+// The selector of communicator `comm_id` (its unique id's secret: fresh for every communicator, splits included)
+// with `nranks` ranks and these settings, if another rank of this process made one and still holds it; else the one
+// `make` returns, kept for the others.
+std::shared_ptr<algo::Selector> shared_selector(uint64_t comm_id, int nranks, const std::string& settings,
+                                                const std::function<std::shared_ptr<algo::Selector>()>& make) {
+  static std::mutex mu;
+  static auto* selectors =  // never freed: communicators may be destroyed during static destruction
+      new std::map<std::tuple<uint64_t, int, std::string>, std::weak_ptr<algo::Selector>>();
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = selectors->begin(); it != selectors->end();) it = it->second.expired() ? selectors->erase(it) : ++it;
+  std::weak_ptr<algo::Selector>& slot = (*selectors)[{comm_id, nranks, settings}];
+  if (std::shared_ptr<algo::Selector> held = slot.lock()) return held;
+  std::shared_ptr<algo::Selector> made = make();
+  slot = made;
+  return made;
+}
+}  // namespace
+
 CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Topology* topology,
                    const std::function<void()>& check_stop)
     : rank_(rank), nranks_(nranks), secret_(id.secret) {
@@ -187,8 +209,10 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
     topo::Topology view = topology ? *topology : make_topology();
     if (rank == 0 && !topology && param_is_set(Param::TopoDumpFile))
       topo::dump_file(view, param_str(Param::TopoDumpFile));
-    selector_ = std::make_unique<algo::Selector>(std::move(view), algo::SimOptions{slice_bytes_, fifo_depth_},
-                                                 nchannels_, std::move(overrides));
+    selector_ = shared_selector(comm_id_, nranks, self.settings, [&] {
+      return std::make_shared<algo::Selector>(std::move(view), algo::SimOptions{slice_bytes_, fifo_depth_}, nchannels_,
+                                              std::move(overrides));
+    });
   } catch (const std::exception& e) {
     bootstrap_->set_status(nullptr);  // its service thread must not read this half-built object
     if (!bootstrap_->failed()) bootstrap_->report_failure(cat("rank ", rank, ": communicator init failed: ", e.what()));

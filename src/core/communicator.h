@@ -255,7 +255,9 @@ class CommImpl {
   };
   std::map<const algo::RankProgram*, Wiring> wirings_;
   // Chooses every collective's algorithm from the topology (fixed at init: the same on every rank).
-  std::unique_ptr<algo::Selector> selector_;
+  // Shared by the thread-ranks of this communicator in this process (the same topology, settings and rules): each
+  // decision is simulated once per process, not once per rank.
+  std::shared_ptr<algo::Selector> selector_;
   size_t slice_bytes_ = 0;
   int fifo_depth_ = 0;
   int nchannels_ = 1;
