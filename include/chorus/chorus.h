@@ -356,10 +356,12 @@ chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatyp
  * refused when it was made inside the group (bad argument, or one of the calls above) is left out and the others
  * run, so that peers are not left waiting; chorusGroupEnd then returns that refusal again (the first one, when no
  * communicator's calls failed), with the text in chorusGetLastError(NULL), as NCCL's group end reports errors of
- * calls made in the group. A communicator with collectives in the group runs all of its calls or none: after a
- * refusal on it (when made, or its sends against its receives at chorusGroupEnd) none of them runs, since its
- * later collectives would meet other collectives of its peers; the group end returns that refusal as this
- * communicator's error, and peers waiting for those calls time out naming this rank. */
+ * calls made in the group. A communicator with collectives in the group (queued, or refused when made) runs all of
+ * its calls or none: after a refusal on it (when made, or its sends against its receives at chorusGroupEnd) none of
+ * them runs, since its later collectives would meet other collectives of its peers; the group end returns that
+ * refusal as this communicator's error. Other ranks of that communicator with collectives in the same group (one
+ * thread driving several thread-ranks) then run none of their calls either, saying which rank; peers elsewhere that
+ * wait for those calls time out naming this rank. */
 chorusResult_t chorusGroupStart(void);
 chorusResult_t chorusGroupEnd(void);
 

@@ -176,20 +176,26 @@ struct GroupState {
     chorusComm* comm;
     chorusResult_t code;
     std::string text;
+    bool collective;  // a collective was refused on it (not queued: it still counts for "all or none")
   };
   std::vector<Refusal> refused_on;
 };
 thread_local GroupState t_group;
 
-// The result of a call on `comm` that may be made inside a group: a refusal there is kept for chorusGroupEnd.
-chorusResult_t noted_in_group(chorusComm* comm, chorusResult_t r) {
+// The result of a call on `comm` that may be made inside a group (`collective`: a collective call): a refusal there
+// is kept for chorusGroupEnd.
+chorusResult_t noted_in_group(chorusComm* comm, chorusResult_t r, bool collective = false) {
   if (r == chorusSuccess || t_group.depth == 0) return r;
   if (t_group.refused == chorusSuccess) {
     t_group.refused = r;
     t_group.refused_text = t_last_error;
   }
-  if (std::none_of(t_group.refused_on.begin(), t_group.refused_on.end(), [&](const auto& e) { return e.comm == comm; }))
-    t_group.refused_on.push_back({comm, r, t_last_error});
+  auto known = std::find_if(t_group.refused_on.begin(), t_group.refused_on.end(),
+                            [&](const GroupState::Refusal& e) { return e.comm == comm; });
+  if (known == t_group.refused_on.end())
+    t_group.refused_on.push_back({comm, r, t_last_error, collective});
+  else
+    known->collective |= collective;
   return r;
 }
 
@@ -280,39 +286,46 @@ void add_to_group(chorusComm* comm, std::optional<CollArgs> coll, const P2POp& o
 
 chorusResult_t collective(chorusComm* comm, CollArgs a, chorusStream_t stream) {
   stream = canonical(stream);
-  return noted_in_group(comm, guarded(comm, [&] {
-                          const Live use(comm);
-                          CommImpl& c = *use;
-                          no_stream_without_cuda(stream);
-                          if (t_group.depth > 0) {
-                            c.validate(a);
-                            add_to_group(comm, std::move(a), P2POp{}, stream);
-                            return;
-                          }
-                          CommImpl::Guard guard(c);
-                          c.validate(a);
-                          run(c, std::move(a), stream);
-                        }));
+  const chorusResult_t r = guarded(comm, [&] {
+    const Live use(comm);
+    CommImpl& c = *use;
+    no_stream_without_cuda(stream);
+    CommImpl::Guard guard(c);
+    c.validate(a);
+    if (t_group.depth > 0) {
+      // Its buffers are checked now too, as outside a group, so that a refusal leaves nothing of it queued.
+#ifdef CHORUS_WITH_CUDA
+      if (stream != nullptr || uses_device(a)) cuda_stream::check_buffers(c, a);
+#endif
+      add_to_group(comm, std::move(a), P2POp{}, stream);
+      return;
+    }
+    run(c, std::move(a), stream);
+  });
+  return noted_in_group(comm, r, /*collective=*/true);
 }
 
 chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* request) {
-  return noted_in_group(comm, guarded(comm, [&] {
-                          const Live use(comm);
-                          CommImpl& c = *use;
-                          if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
-                          refuse_in_group("a non-blocking collective");
-                          host_buffers_only(a, "a non-blocking call");
-                          CommImpl::Guard guard(c);
-                          c.validate(a);
-                          auto r = std::make_unique<chorusRequest>();
-                          r->comm = comm;
-                          r->state = c.submit(std::move(a));
-                          {
-                            std::lock_guard<std::mutex> lock(g_requests_mu);
-                            g_requests.insert(r.get());
-                          }
-                          *request = r.release();
-                        }));
+  const chorusResult_t r = guarded(comm, [&] {
+    const Live use(comm);
+    CommImpl& c = *use;
+    if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
+    refuse_in_group("a non-blocking collective");
+    host_buffers_only(a, "a non-blocking call");
+    CommImpl::Guard guard(c);
+    c.validate(a);
+    auto r = std::make_unique<chorusRequest>();
+    r->comm = comm;
+    r->state = c.submit(std::move(a));
+    {
+      std::lock_guard<std::mutex> lock(g_requests_mu);
+      g_requests.insert(r.get());
+    }
+    *request = r.release();
+  });
+  // Refused in every group, on every rank alike: never queued anywhere, so it cannot leave a peer's collective
+  // unmatched, and does not count for "all or none".
+  return noted_in_group(comm, r, /*collective=*/false);
 }
 
 chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chorusDataType_t dtype, int peer,
@@ -595,13 +608,13 @@ chorusResult_t apply_options(chorusComm* comm, CollArgs& a, const chorusCollOpti
 }
 
 chorusResult_t collective_ex(chorusComm* comm, CollArgs a, const chorusCollOptions_t* options, chorusStream_t stream) {
-  const chorusResult_t r = noted_in_group(comm, apply_options(comm, a, options));
+  const chorusResult_t r = noted_in_group(comm, apply_options(comm, a, options), /*collective=*/true);
   return r != chorusSuccess ? r : collective(comm, std::move(a), stream);
 }
 
 chorusResult_t icollective_ex(chorusComm* comm, CollArgs a, const chorusCollOptions_t* options,
                               chorusRequest_t* request) {
-  const chorusResult_t r = noted_in_group(comm, apply_options(comm, a, options));
+  const chorusResult_t r = noted_in_group(comm, apply_options(comm, a, options), /*collective=*/false);
   return r != chorusSuccess ? r : icollective(comm, std::move(a), request);
 }
 }  // namespace
@@ -766,7 +779,8 @@ chorusResult_t chorusAllToAllv(const void* sendbuff, const size_t* sendcounts, c
                                chorusComm_t comm, chorusStream_t stream) {
   CollArgs a;
   chorusResult_t r = noted_in_group(
-      comm, alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype));
+      comm, alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype),
+      /*collective=*/true);
   return r != chorusSuccess ? r : collective(comm, std::move(a), stream);
 }
 
@@ -811,6 +825,9 @@ chorusResult_t chorusGroupEnd(void) {
     chorusStream_t stream = nullptr;  // the same for every call of the communicator (checked when added)
     bool ordered = false;             // stream-ordered (a stream or device buffers), else host
     bool issued = false;              // run, enqueued or submitted (or failed before)
+    bool has_collectives = false;     // queued, or refused when made
+    uint64_t comm_id = 0;             // of its communicator (the same for every rank of it)
+    int rank = -1;
     chorusResult_t result = chorusSuccess;
     std::string error;  // the thread's error text when `result` was set (another call may replace it since)
   };
@@ -836,10 +853,14 @@ chorusResult_t chorusGroupEnd(void) {
     }
     // A communicator with collectives in the group runs all of its calls or none: without one that was refused, its
     // later collectives would meet other collectives of its peers (the same kind and size: silently wrong values).
-    const bool has_collectives = !p.calls.empty();
+    const bool has_collectives = p.has_collectives =
+        !p.calls.empty() || std::any_of(refused_on.begin(), refused_on.end(),
+                                        [&](const GroupState::Refusal& f) { return f.comm == p.comm && f.collective; });
     const char* none_ran = "; so none of this communicator's calls in the group ran, its collectives neither";
     settle(p, guarded(p.comm, [&] {
              const Live use(p.comm);
+             p.comm_id = (*use).comm_id();
+             p.rank = (*use).rank();
              for (const GroupState::Refusal& f : refused_on)
                if (has_collectives && f.comm == p.comm)
                  throw Error(f.code, Subsys::Core,
@@ -856,6 +877,25 @@ chorusResult_t chorusGroupEnd(void) {
              p.ordered = p.stream != nullptr || std::any_of(p.calls.begin(), p.calls.end(), uses_device);
            }));
     p.issued = p.result != chorusSuccess;
+  }
+  // Other ranks of such a communicator that this thread drives in the same group (one thread for several
+  // thread-ranks) would wait for it until the timeout: none of their calls run either, at once.
+  for (const Program& failed : programs) {
+    if (!failed.has_collectives || failed.result == chorusSuccess) continue;
+    for (Program& q : programs) {
+      if (q.issued || !q.has_collectives || q.comm_id != failed.comm_id) continue;
+      q.issued = true;
+      settle(q, guarded(q.comm, [&] {
+               throw Error(failed.result, Subsys::Core,
+                           cat("chorusGroupEnd: rank ", failed.rank,
+                               " of this communicator, in this group too, runs none "
+                               "of its calls (",
+                               failed.error,
+                               "); so none of this rank's calls in the group ran "
+                               "either: its collectives would wait for rank ",
+                               failed.rank));
+             }));
+    }
   }
   // The first communicator's error, else the first call refused when it was made (the others ran without it). The
   // thread's error text is the one of the error returned, whichever communicator failed last.
@@ -1071,7 +1111,8 @@ chorusResult_t chorusIallToAllv(const void* sendbuff, const size_t* sendcounts, 
                                 chorusComm_t comm, chorusRequest_t* request) {
   CollArgs a;
   chorusResult_t r = noted_in_group(
-      comm, alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype));
+      comm, alltoallv_args(a, comm, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype),
+      /*collective=*/false);
   return r != chorusSuccess ? r : icollective(comm, std::move(a), request);
 }
 

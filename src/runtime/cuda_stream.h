@@ -47,6 +47,11 @@ bool is_device_pointer(const void* p);
 // (or with device buffers) takes device buffers only.
 void require_device_buffer(const void* p, const char* name);
 
+// Checks the validated call `a`'s buffers as enqueue() does (throws chorusInvalidArgument naming one that is not
+// device memory, or for a device error-feedback residual), enqueueing nothing: a call made inside a group is
+// refused when it is made, not at chorusGroupEnd. Thread-safe.
+void check_buffers(const CommImpl& comm, const CollArgs& a);
+
 // Enqueues the validated call `a` on `stream` (NULL: the legacy default stream): a collective, or point-to-point
 // calls (Coll::SendRecv: one chorusSend/chorusRecv, or a group's calls on this communicator, all staged; every
 // send's bytes are copied in before the call runs and every receive's copied out after). Its buffers must all be

@@ -431,7 +431,8 @@ TEST(BadInput, TimeoutsBeyondTheClockAreNeverAndYieldOutOfRangeIsRefused) {
   expect_init_refused("CHORUS_NCHANNELS", "+2", "CHORUS_NCHANNELS='+2' is not an integer");
   expect_init_refused("CHORUS_SLICE_BYTES", " 64K", "CHORUS_SLICE_BYTES=' 64K' is not a non-negative size");
   expect_init_refused("CHORUS_SLICE_BYTES", "64K ", "CHORUS_SLICE_BYTES='64K ' has an unknown suffix 'K '");
-  expect_init_refused("CHORUS_TIMEOUT_MS", "99999999999999999999", "CHORUS_TIMEOUT_MS='99999999999999999999' is not");
+  expect_init_refused("CHORUS_TIMEOUT_MS", "99999999999999999999",
+                      "CHORUS_TIMEOUT_MS='99999999999999999999' is out of range");
 }
 
 TEST(BadInput, EveryNullArgumentIsNamed) {
@@ -1492,10 +1493,11 @@ TEST(GroupedCollectives, ARefusalOnACommunicatorWithCollectivesRunsNoneOfItsCall
   });
 }
 
-TEST(GroupedCollectives, ARankWhoseCallWasRefusedIsNamedByThePeersThatWaitForIt) {
+TEST(GroupedCollectives, ARefusalOnOneRankOfAGroupDrivingThemAllEndsEveryRanksCalls) {
   // One thread drives three ranks; rank 1's first all-reduce is refused. Its second one used to run against the
-  // others' first; now rank 1 runs neither and the others' wait ends at the timeout, naming rank 1.
-  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "1500");
+  // others' first; now rank 1 runs neither, and the other two ranks of that communicator, in the same group, run
+  // nothing either instead of waiting for rank 1 until the timeout.
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "20000");  // were they to wait, not for 300 s
   constexpr int n = 3;
   World w(n);
   std::vector<float> a(n), b(n);
@@ -1508,15 +1510,54 @@ TEST(GroupedCollectives, ARankWhoseCallWasRefusedIsNamedByThePeersThatWaitForIt)
     EXPECT_EQ(first, r == 1 ? chorusInvalidArgument : chorusSuccess);
     EXPECT_EQ(chorusAllReduce(&b[r], &b[r], 1, chorusFloat32, chorusSum, w.comm(r), nullptr), chorusSuccess);
   }
-  EXPECT_NE(chorusGroupEnd(), chorusSuccess);
+  EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument);
   for (int r : {0, 2}) {
     const std::string text = chorusGetLastError(w.comm(r));
-    EXPECT_NE(text.find("rank(s) 1"), std::string::npos) << text;
+    EXPECT_NE(text.find("rank 1 of this communicator, in this group too, runs none of its calls"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("recvbuff is NULL"), std::string::npos) << text;
+    EXPECT_EQ(text.find("timed out"), std::string::npos) << text;
   }
   EXPECT_NE(std::string(chorusGetLastError(w.comm(1))).find("recvbuff is NULL"), std::string::npos)
       << chorusGetLastError(w.comm(1));
-  EXPECT_EQ(a[1], 2.0f);
-  EXPECT_EQ(b[1], 20.0f);  // not the others' a summed with it
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(a[r], r + 1.0f);
+    EXPECT_EQ(b[r], 10.0f * (r + 1));
+  }
+  // Nothing ran and nothing broke: the communicators still work.
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(chorusAllReduce(&b[r], &b[r], 1, chorusFloat32, chorusSum, w.comm(r), nullptr), chorusSuccess);
+  ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(b[r], 60.0f);
+}
+
+TEST(GroupedCollectives, ARefusedCollectiveKeepsTheSendsAndReceivesOfItsCommunicatorFromRunning) {
+  // Rank 0's only collective is refused; its sends and receives would meet rank 1's all-reduce (helper-76). They do
+  // not run: rank 0's group end says so, and rank 1's all-reduce times out naming rank 0.
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "1500");
+  World w(2);
+  w.run([&](int r, chorusComm_t c) {
+    int32_t v = 7, mine = 100 + r, theirs = -1;
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    EXPECT_EQ(chorusAllReduce(&v, r == 0 ? nullptr : &v, 1, chorusInt32, chorusSum, c, nullptr),
+              r == 0 ? chorusInvalidArgument : chorusSuccess);
+    EXPECT_EQ(chorusSend(&mine, 1, chorusInt32, 1 - r, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusRecv(&theirs, 1, chorusInt32, 1 - r, c, nullptr), chorusSuccess);
+    const chorusResult_t end = chorusGroupEnd();
+    const std::string text = chorusGetLastError(c);
+    if (r == 0) {
+      EXPECT_EQ(end, chorusInvalidArgument);
+      EXPECT_NE(text.find("recvbuff is NULL"), std::string::npos) << text;
+      EXPECT_NE(text.find("none of this communicator's calls in the group ran"), std::string::npos) << text;
+    } else {
+      EXPECT_EQ(end, chorusTimeout);
+      EXPECT_NE(text.find("rank(s) 0"), std::string::npos) << text;
+      EXPECT_EQ(text.find("mismatched"), std::string::npos) << text;
+    }
+    EXPECT_EQ(theirs, -1);
+    EXPECT_EQ(v, 7);
+  });
 }
 
 TEST(PointToPoint, TotalSizeMismatchIsAnErrorEvenWhenMessagesMatch) {

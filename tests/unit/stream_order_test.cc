@@ -265,6 +265,33 @@ TEST(StreamArgument, PointToPointWithAStreamTakesDeviceBuffersOnly) {
   });
 }
 
+// A collective with a stream in a group checks its buffers when it is made, as outside a group (they used to be
+// checked at chorusGroupEnd); refused, it keeps its communicator's other calls in the group from running.
+TEST(StreamArgument, ACollectiveWithAStreamInAGroupIsRefusedWhenMadeAndRunsNothingOfItsCommunicator) {
+  test::World& w = test::World::get(2);
+  w.run([](int r, chorusComm_t c) {
+    std::vector<float> x(16, 1.0f + r), y(16, 0.0f);
+    auto stream = reinterpret_cast<chorusStream_t>(uintptr_t{0x1000});  // never dereferenced
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    const chorusResult_t res = chorusAllReduce(x.data(), y.data(), 16, chorusFloat32, chorusSum, c, stream);
+    const std::string text = chorusGetLastError(c);
+#ifdef CHORUS_WITH_CUDA
+    EXPECT_EQ(res, chorusInvalidArgument);
+    EXPECT_NE(text.find("sendbuff is not device memory"), std::string::npos) << text;
+#else
+    EXPECT_EQ(res, chorusNotSupported);
+    EXPECT_NE(text.find("CUDA build"), std::string::npos) << text;
+#endif
+    EXPECT_EQ(chorusSend(x.data(), 16, chorusFloat32, 1 - r, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusRecv(y.data(), 16, chorusFloat32, 1 - r, c, nullptr), chorusSuccess);
+    EXPECT_EQ(chorusGroupEnd(), res);
+    EXPECT_NE(std::string(chorusGetLastError(c)).find("none of this communicator's calls in the group ran"),
+              std::string::npos)
+        << chorusGetLastError(c);
+    for (float v : y) ASSERT_EQ(v, 0.0f);  // the exchange did not run
+  });
+}
+
 TEST(StreamArgument, TheLegacyDefaultStreamIsNull) {
   test::World& w = test::World::get(2);
   w.run([](int r, chorusComm_t c) {
