@@ -1328,9 +1328,8 @@ class ChorusBackend final : public Backend {
     // A refused call (a bad argument) leaves the communicator healthy: destroyed, it says goodbye, so the peers
     // waiting for this rank hear that it left instead of logging that its process died. A broken one is aborted.
     chorusResult_t async = chorusSuccess;
-    if (chorusCommGetAsyncError(comm_, &async) == chorusSuccess && async == chorusSuccess)
-      chorusCommDestroy(comm_);
-    else
+    if (chorusCommGetAsyncError(comm_, &async) != chorusSuccess || async != chorusSuccess ||
+        chorusCommDestroy(comm_) != chorusSuccess)
       chorusCommAbort(comm_);
     comm_ = nullptr;
   }

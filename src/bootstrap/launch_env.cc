@@ -2,8 +2,7 @@
 
 #include <openssl/evp.h>
 
-#include <cctype>
-#include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -78,14 +77,11 @@ std::optional<std::string> env(const char* name) {
 }
 
 int parse_int(const std::string& text, const char* name) {
-  errno = 0;
-  char* end = nullptr;
-  long v = std::strtol(text.c_str(), &end, 10);
-  // Whitespace is refused at either end (strtol alone would take it in front only).
-  if (end == text.c_str() || *end != '\0' || errno != 0 || v < INT32_MIN || v > INT32_MAX ||
-      std::isspace(static_cast<unsigned char>(text.front())))
-    bad(cat(name, "='", text, "' is not an integer"));
-  return static_cast<int>(v);
+  // The whole text is the number: no space or '+' around it (from_chars takes neither), as the settings parse.
+  int v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size()) bad(cat(name, "='", text, "' is not an integer"));
+  return v;
 }
 
 int parse_port(const std::string& text, const char* name) {

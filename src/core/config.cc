@@ -150,6 +150,8 @@ int64_t param_int(Param p) {
   if (std::string(info.type) == "size") return parse_size(text, info.name);
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc::result_out_of_range)
+    throw Error(chorusInvalidArgument, Subsys::Core, cat(info.name, "='", text, "' is out of range"));
   if (ec != std::errc() || end != text.data() + text.size())
     throw Error(chorusInvalidArgument, Subsys::Core, cat(info.name, "='", text, "' is not an integer"));
   return v;

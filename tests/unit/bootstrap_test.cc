@@ -466,6 +466,8 @@ TEST(LaunchEnv, ErrorsNameTheVariable) {
   EXPECT_TRUE(contains(error_text(), "RANK='abc' is not an integer"));
   env.set("RANK", " 0");  // whitespace is refused at either end, as it was after the number
   EXPECT_TRUE(contains(error_text(), "RANK=' 0' is not an integer"));
+  env.set("RANK", "+0");  // nor a sign the settings would refuse
+  EXPECT_TRUE(contains(error_text(), "RANK='+0' is not an integer"));
   env.set("RANK", "2");
   EXPECT_TRUE(contains(error_text(), "RANK=2 is out of range for WORLD_SIZE=2"));
   env.set("RANK", "0");

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -270,6 +271,22 @@ TEST(Selector, UnknownNamesAreErrors) {
   EXPECT_TRUE(has(e, "(known: " + algorithm_names(Coll::AllGather) + ")")) << e;
   invalid_text([&] { sel.choose(Coll::Broadcast, 16, 4, 7); });  // root out of range
   invalid_text([&] { sel.choose(Coll::SendRecv, 16, 4, 0); });
+  // From many threads at once (thread-ranks share a selector, and wait for a decision another one is making): each
+  // gets the error, and the decision that threw is not kept.
+  for (int round = 0; round < 2; ++round) {
+    std::atomic<int> refused{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 8; ++i)
+      threads.emplace_back([&] {
+        try {
+          sel.choose(Coll::AllReduce, 4096, 4, 0, "tree9");
+        } catch (const Error& err) {
+          if (err.code() == chorusInvalidArgument && has(err.what(), "unknown algorithm 'tree9'")) ++refused;
+        }
+      });
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(refused.load(), 8);
+  }
 }
 
 TEST(Selector, MemoizesDecisions) {
