@@ -331,31 +331,31 @@ chorusResult_t icollective(chorusComm* comm, CollArgs a, chorusRequest_t* reques
 chorusResult_t p2p(chorusComm* comm, bool is_send, void* buf, size_t count, chorusDataType_t dtype, int peer,
                    chorusStream_t stream) {
   stream = canonical(stream);
-  return noted_in_group(comm, guarded(comm, [&] {
-                          const Live use(comm);
-                          CommImpl& c = *use;
-                          no_stream_without_cuda(stream);
-                          const P2POp op{is_send, peer, buf, count, dtype};
-                          CollArgs a;
-                          a.coll = algo::Coll::SendRecv;
-                          a.p2p.push_back(op);
-                          // A group's calls are checked one by one here, and as a whole (self-sends against
-                          // self-receives) at its end.
-                          if (t_group.depth > 0)
-                            c.validate_p2p_op(op);
-                          else
-                            c.validate(a);
+  const chorusResult_t r = guarded(comm, [&] {
+    const Live use(comm);
+    CommImpl& c = *use;
+    no_stream_without_cuda(stream);
+    const P2POp op{is_send, peer, buf, count, dtype};
+    CollArgs a;
+    a.coll = algo::Coll::SendRecv;
+    a.p2p.push_back(op);
+    // A group's calls are checked one by one here, and as a whole (self-sends against self-receives) at its end.
+    if (t_group.depth > 0)
+      c.validate_p2p_op(op);
+    else
+      c.validate(a);
 #ifdef CHORUS_WITH_CUDA
-                          if ((stream != nullptr || uses_device(a)) && count > 0)
-                            cuda_stream::require_device_buffer(buf, is_send ? "sendbuff" : "recvbuff");
+    if ((stream != nullptr || uses_device(a)) && count > 0)
+      cuda_stream::require_device_buffer(buf, is_send ? "sendbuff" : "recvbuff");
 #endif
-                          if (t_group.depth > 0) {
-                            add_to_group(comm, std::nullopt, op, stream);
-                            return;
-                          }
-                          CommImpl::Guard guard(c);
-                          run(c, std::move(a), stream);
-                        }));
+    if (t_group.depth > 0) {
+      add_to_group(comm, std::nullopt, op, stream);
+      return;
+    }
+    CommImpl::Guard guard(c);
+    run(c, std::move(a), stream);
+  });
+  return noted_in_group(comm, r);
 }
 
 }  // namespace
@@ -460,34 +460,34 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
 }
 
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm) {
-  return noted_in_group(comm, guarded(comm, [&] {
-                          const Live use(comm);
-                          CommImpl& c = *use;
-                          refuse_in_group("chorusCommSplit");
-                          CommImpl::Guard guard(c);
-                          auto impl = c.split(color, key, newcomm != nullptr);
-                          chorusComm* child = impl ? wrap(std::move(impl)) : nullptr;
-                          if (child != nullptr)
-                            child->origin = cat(" (split color ", color, " of rank ", comm->rank, comm->origin, ")");
-                          *newcomm = child;
-                        }));
+  const chorusResult_t r = guarded(comm, [&] {
+    const Live use(comm);
+    CommImpl& c = *use;
+    refuse_in_group("chorusCommSplit");
+    CommImpl::Guard guard(c);
+    auto impl = c.split(color, key, newcomm != nullptr);
+    chorusComm* child = impl ? wrap(std::move(impl)) : nullptr;
+    if (child != nullptr) child->origin = cat(" (split color ", color, " of rank ", comm->rank, comm->origin, ")");
+    *newcomm = child;
+  });
+  return noted_in_group(comm, r);
 }
 
 chorusResult_t chorusCommDestroy(chorusComm_t comm) {
   // A retired handle stays allocated (retire), so its error text can be set even after a failed second destroy.
-  return noted_in_group(comm, guarded(comm, [&] {
-                          const Live use(comm);
-                          refuse_in_group("chorusCommDestroy");
-                          {
-                            // Refused while another thread is inside a call on this communicator.
-                            CommImpl::Guard guard(*use);
-                            // Queued work finishes first, while the communicator is still published: a watchdog's
-                            // chorusCommAbort can then end a wait for a peer that will not come, instead of finding the
-                            // handle retired.
-                            (*use).drain();
-                          }
-                          retire(comm);
-                        }));
+  const chorusResult_t r = guarded(comm, [&] {
+    const Live use(comm);
+    refuse_in_group("chorusCommDestroy");
+    {
+      // Refused while another thread is inside a call on this communicator.
+      CommImpl::Guard guard(*use);
+      // Queued work finishes first, while the communicator is still published: a watchdog's chorusCommAbort can
+      // then end a wait for a peer that will not come, instead of finding the handle retired.
+      (*use).drain();
+    }
+    retire(comm);
+  });
+  return noted_in_group(comm, r);
 }
 
 chorusResult_t chorusCommAbort(chorusComm_t comm) {
@@ -888,8 +888,8 @@ chorusResult_t chorusGroupEnd(void) {
       settle(q, guarded(q.comm, [&] {
                throw Error(failed.result, Subsys::Core,
                            cat("chorusGroupEnd: rank ", failed.rank,
-                               " of this communicator, in this group too, runs none "
-                               "of its calls (",
+                               " of this communicator, in this group too, runs "
+                               "none of its calls (",
                                failed.error,
                                "); so none of this rank's calls in the group ran "
                                "either: its collectives would wait for rank ",
