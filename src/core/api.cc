@@ -861,10 +861,14 @@ chorusResult_t chorusGroupEnd(void) {
              const Live use(p.comm);
              p.comm_id = (*use).comm_id();
              p.rank = (*use).rank();
-             for (const GroupState::Refusal& f : refused_on)
-               if (has_collectives && f.comm == p.comm)
-                 throw Error(f.code, Subsys::Core,
-                             cat("chorusGroupEnd: a call was refused when it was made (", f.text, ")", none_ran));
+             for (const GroupState::Refusal& f : refused_on) {
+               if (!has_collectives || f.comm != p.comm) continue;
+               std::string why = f.text;  // without this rank's prefix, which the error gets again
+               if (const std::string self = cat("rank ", p.rank, ": "); why.rfind(self, 0) == 0)
+                 why.erase(0, self.size());
+               throw Error(f.code, Subsys::Core,
+                           cat("chorusGroupEnd: a call was refused when it was made (", why, ")", none_ran));
+             }
              if (!p2p.p2p.empty()) {
                try {
                  (*use).validate(p2p);  // the group as a whole: its sends to this rank against its receives from it

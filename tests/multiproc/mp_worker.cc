@@ -9,6 +9,8 @@
 //              CHORUS_TIMEOUT_MS) must lead with rank 2 not answering, not the neighbour each waited for
 //   mismatch-count / mismatch-dtype
 //              rank 0 calls all-reduce with another count / dtype; every rank must fail showing both calls
+//   group      collectives and a point-to-point ring in one group (a split's communicator in it too), every rank
+//              checking its values
 //   smoke      one all-reduce, checked
 //   smoke-twice  the same, then again on a second communicator from the same environment (after a destroy)
 //   intruder   rank 1 connects to the rendezvous port without the secret (garbage, then idle) before joining;
@@ -322,6 +324,60 @@ int run_stop(chorusComm_t comm) {
   return ok ? 0 : 1;
 }
 
+// Collectives and sends/receives in one chorusGroupStart/End, as NCCL users write them: an all-reduce, an all-gather
+// of its result (called after it, so it gathers the sums), a reduce-scatter and a ring exchange; then a group that
+// spans the communicator and a split of it, each rank calling them in its own order.
+int run_group(chorusComm_t comm) {
+  const size_t count = 100003;  // several slices
+  const int next = (g_rank + 1) % g_n, prev = (g_rank + g_n - 1) % g_n;
+  std::vector<int32_t> sum(count, g_rank + 1), gathered(count * g_n, -1), scattered(count * g_n), mine(count, g_rank),
+      from_prev(count, -1);
+  for (size_t i = 0; i < scattered.size(); ++i) scattered[i] = static_cast<int32_t>(i % 5) + g_rank;
+  chorusGroupStart();
+  chorusSend(mine.data(), count, chorusInt32, next, comm, nullptr);
+  chorusAllReduce(sum.data(), sum.data(), count, chorusInt32, chorusSum, comm, nullptr);
+  chorusAllGather(sum.data(), gathered.data(), count, chorusInt32, comm, nullptr);
+  chorusReduceScatter(scattered.data(), scattered.data() + g_rank * count, count, chorusInt32, chorusMin, comm,
+                      nullptr);
+  chorusRecv(from_prev.data(), count, chorusInt32, prev, comm, nullptr);
+  chorusResult_t res = chorusGroupEnd();
+  const int32_t total = g_n * (g_n + 1) / 2;
+  bool ok = res == chorusSuccess;
+  for (size_t i = 0; ok && i < count; ++i)
+    ok = sum[i] == total && from_prev[i] == prev &&
+         scattered[g_rank * count + i] == static_cast<int32_t>((g_rank * count + i) % 5);
+  for (size_t i = 0; ok && i < gathered.size(); ++i) ok = gathered[i] == total;
+  if (!ok) {
+    std::printf("FAIL group: %s: %s\n", chorusGetErrorString(res), chorusGetLastError(nullptr));
+    return 1;
+  }
+  chorusComm_t half = nullptr;
+  if (chorusCommSplit(comm, g_rank % 2, g_rank, &half) != chorusSuccess) {
+    std::printf("FAIL group: split: %s\n", chorusGetLastError(comm));
+    return 1;
+  }
+  int half_n = 0;
+  chorusCommCount(half, &half_n);
+  int64_t a = g_rank, b = 1;
+  chorusGroupStart();
+  if (g_rank % 2 == 0) {
+    chorusAllReduce(&a, &a, 1, chorusInt64, chorusSum, comm, nullptr);
+    chorusAllReduce(&b, &b, 1, chorusInt64, chorusSum, half, nullptr);
+  } else {
+    chorusAllReduce(&b, &b, 1, chorusInt64, chorusSum, half, nullptr);
+    chorusAllReduce(&a, &a, 1, chorusInt64, chorusSum, comm, nullptr);
+  }
+  res = chorusGroupEnd();
+  chorusCommDestroy(half);
+  if (res != chorusSuccess || a != int64_t{g_n} * (g_n - 1) / 2 || b != half_n) {
+    std::printf("FAIL group across two communicators: %s (a=%lld b=%lld)\n", chorusGetLastError(nullptr),
+                static_cast<long long>(a), static_cast<long long>(b));
+    return 1;
+  }
+  std::printf("group: ok\n");
+  return 0;
+}
+
 int run_mismatch(chorusComm_t comm, bool dtype) {
   std::vector<double> buf(1001, 1.0);
   size_t count = (g_rank == 0 && !dtype) ? 1001 : 1000;
@@ -432,6 +488,8 @@ int main(int argc, char** argv) {
     rc = run_kill(comm, 0);
   else if (mode == "stop")
     rc = run_stop(comm);
+  else if (mode == "group")
+    rc = run_group(comm);
   else if (mode == "mismatch-count")
     rc = run_mismatch(comm, false);
   else if (mode == "mismatch-dtype")

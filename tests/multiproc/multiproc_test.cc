@@ -73,6 +73,23 @@ INSTANTIATE_TEST_SUITE_P(Processes, Matrix,
                                   "ranks";
                          });
 
+// Collectives grouped with sends and receives, and a group spanning a communicator and its split, as processes.
+class Group : public ::testing::TestWithParam<std::tuple<Net, int>> {};
+
+TEST_P(Group, CollectivesAndPointToPointInOneGroup) {
+  const auto& [net, n] = GetParam();
+  Result r = run(launch(n, net, "group"));
+  if (const std::string why = unavailable(r); !why.empty()) GTEST_SKIP() << "cannot run here: " << why;
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "group: ok"), n) << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Processes, Group, ::testing::Values(std::make_tuple(kShm, 3), std::make_tuple(kTcp, 4)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" + std::to_string(std::get<1>(info.param)) +
+                                  "ranks";
+                         });
+
 class Fault : public ::testing::TestWithParam<Net> {};
 
 TEST_P(Fault, KilledRankIsNamedByTheOthersAndLauncherFails) {
