@@ -349,11 +349,8 @@ int parse_options(int argc, char** argv, const ToolInfo& tool, Options* out, boo
           if (v.find(':') != std::string::npos)
             o.compression_block = static_cast<uint32_t>(parse_int(v.substr(v.find(':') + 1).c_str(), 0, 1 << 30));
           // The block and rotation as the library checks them (0: the codec's default), before anything runs.
-          static constexpr kernels::codec::CodecKind kKinds[] = {
-              kernels::codec::CodecKind::Int8, kernels::codec::CodecKind::Fp8E4M3, kernels::codec::CodecKind::Int4,
-              kernels::codec::CodecKind::Sign1, kernels::codec::CodecKind::SignVote};
-          kernels::codec::Codec codec;
-          codec.kind = kKinds[o.compression - 1];
+          kernels::codec::Codec codec;  // o.compression is the chorusCodec_t value (kNames is in its order)
+          codec.kind = kernels::codec::codec_kind(static_cast<chorusCodec_t>(o.compression));
           codec.block = o.compression_block;
           codec.rotation = o.compression_rotation;
           try {

@@ -590,11 +590,8 @@ chorusResult_t apply_options(chorusComm* comm, CollArgs& a, const chorusCollOpti
         why = cat("options->compression->error_feedback is NULL with error_feedback_elems=", z.error_feedback_elems);
       }
       if (bad != chorusSuccess) return guarded(comm, [&] { throw Error(bad, Subsys::Core, why); });
-      using kernels::codec::CodecKind;
-      static constexpr CodecKind kinds[] = {CodecKind::Int8, CodecKind::Fp8E4M3, CodecKind::Int4, CodecKind::Sign1,
-                                            CodecKind::SignVote};
       a.compressed = true;
-      a.codec.kind = kinds[z.codec - chorusCodecInt8];
+      a.codec.kind = kernels::codec::codec_kind(z.codec);
       a.codec.block = z.block;
       a.codec.stochastic_rounding = z.stochastic_rounding != 0;
       a.codec.seed = z.seed;

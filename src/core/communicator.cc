@@ -110,9 +110,6 @@ std::string settings_difference(const std::string& mine, const std::string& thei
   return diff.empty() ? cat("'", mine, "' here but '", theirs, "'") : diff;
 }
 
-}  // namespace
-
-namespace {
 // The selector of communicator `comm_id` (its unique id's secret: fresh for every communicator, splits included)
 // with `nranks` ranks and these settings, if another rank of this process made one and still holds it; else the one
 // `make` returns, kept for the others.
@@ -961,13 +958,13 @@ CommImpl::Diagnosis CommImpl::diagnose_timeout(const WireHeader* call) {
                " ms (the bootstrap root, which relays them, may be stopped or unreachable: it runs in the process "
                "that made the unique id, rank 0's under launchers)");
   } else if (!silent.empty()) {
-    const std::string clause = cat("rank(s) ", list(silent), " did not answer a status question within ", window_ms,
-                                   " ms (stopped, hung, slow or unreachable)");
+    const std::string key = cat("rank(s) ", list(silent), " did not answer a status question");
+    const std::string clause = cat(key, " within ", window_ms, " ms (stopped, hung, slow or unreachable)");
     // Every rank that answered had called this collective: the silent ones are what it waits for, whichever
     // neighbour this rank's own wait names (that one is often waiting too).
     if (out.empty()) {
       d.lead = clause;
-      d.lead_key = cat("rank(s) ", list(silent), " did not answer a status question");
+      d.lead_key = key;
     } else {
       out += "; " + clause;
     }

@@ -802,6 +802,12 @@ const char* codec_name(CodecKind kind) {
   return "invalid";
 }
 
+CodecKind codec_kind(chorusCodec_t c) {
+  static constexpr CodecKind kinds[] = {CodecKind::Int8, CodecKind::Fp8E4M3, CodecKind::Int4, CodecKind::Sign1,
+                                        CodecKind::SignVote};
+  return kinds[c - chorusCodecInt8];
+}
+
 CodecKind codec_kind_from_name(std::string_view name) {
   for (uint8_t k = 0; k <= static_cast<uint8_t>(CodecKind::SignVote); ++k) {
     if (name == codec_name(static_cast<CodecKind>(k))) return static_cast<CodecKind>(k);

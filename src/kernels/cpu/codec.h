@@ -62,6 +62,8 @@ enum class CodecKind : uint8_t {
 const char* codec_name(CodecKind kind);
 // The kind named `name` (codec_name's spellings); chorusInvalidArgument listing the known names otherwise.
 CodecKind codec_kind_from_name(std::string_view name);
+// The kind of the API's codec `c` (chorusCodecInt8 .. chorusCodecSignVote); the caller has checked the range.
+CodecKind codec_kind(chorusCodec_t c);
 
 struct Codec {
   CodecKind kind = CodecKind::Int8;
