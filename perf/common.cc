@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "algorithms/algorithms.h"
+#include "algorithms/selector.h"
 #include "core/communicator.h"
 #include "core/config.h"
 #include "kernels/cpu/codec.h"
@@ -1362,6 +1364,30 @@ bool launcher_rank(int* rank) {
   return false;
 }
 
+// Why -A `algorithm` cannot run on `coll` (compressed or not), or "" when it can. Whether it applies to the
+// communicator's size (one-shot beyond 64 ranks) is the library's to say, at the first call.
+std::string unknown_algorithm(const Collective& coll, const std::string& algorithm, bool compressed) {
+  static const std::pair<const char*, algo::Coll> kColls[] = {{"all_reduce", algo::Coll::AllReduce},
+                                                              {"all_gather", algo::Coll::AllGather},
+                                                              {"reduce_scatter", algo::Coll::ReduceScatter},
+                                                              {"broadcast", algo::Coll::Broadcast},
+                                                              {"reduce", algo::Coll::Reduce},
+                                                              {"alltoall", algo::Coll::AllToAll},
+                                                              {"gather", algo::Coll::Gather},
+                                                              {"scatter", algo::Coll::Scatter}};
+  const auto* it = std::find_if(std::begin(kColls), std::end(kColls),
+                                [&](const auto& c) { return coll.name() == std::string_view(c.first); });
+  if (it == std::end(kColls)) return std::string(coll.name()) + " has no algorithms to choose from";
+  if (compressed) {
+    if (algo::find_compressed_algorithm(it->second, algorithm) != nullptr) return "";
+    return "'" + algorithm + "' is not a compressed schedule for " + coll.name() +
+           " (known: " + algo::compressed_algorithm_names(it->second) + ")";
+  }
+  if (algo::find_algorithm(it->second, algorithm) != nullptr) return "";
+  return "'" + algorithm + "' is not an algorithm for " + coll.name() +
+         " (known: " + algo::algorithm_names(it->second) + ")";
+}
+
 }  // namespace
 
 int perf_main(int argc, char** argv, const Collective& coll) {
@@ -1390,6 +1416,14 @@ int perf_main(int argc, char** argv, const Collective& coll) {
           bad = opts.compression == chorusCodecSignVote ? "sign_vote needs -o sum" : "needs -o sum or avg";
     if (!bad.empty()) {
       if (!from_env || env_rank == 0) std::fprintf(stderr, "%s: -Z/--compression: %s\n", name.c_str(), bad.c_str());
+      return 2;
+    }
+  }
+  if (!opts.algorithm.empty()) {
+    // Found before anything runs, as -Z's: an algorithm the tool's collective (or its compressed form) lacks.
+    const std::string bad = unknown_algorithm(coll, opts.algorithm, opts.compression != 0);
+    if (!bad.empty()) {
+      if (!from_env || env_rank == 0) std::fprintf(stderr, "%s: -A/--algorithm: %s\n", name.c_str(), bad.c_str());
       return 2;
     }
   }

@@ -500,13 +500,16 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
   const std::string tool = std::string(ALL_REDUCE_PERF) + " -t 2 -b 8 -e 64 -n 2 -w 1";
   Result ok = run(tool);
   EXPECT_EQ(ok.code, 0) << ok.out;
-  Result algo = run(tool + " -A bruck");
+  // An algorithm that does not apply to the communicator (one-shot beyond 64 ranks) is refused by the first call.
+  Result algo = run(std::string(ALL_REDUCE_PERF) + " -t 65 -b 8 -e 64 -n 2 -w 1 -A oneshot");
   EXPECT_EQ(algo.code, 2) << algo.out;
+  EXPECT_NE(algo.out.find("does not apply to this communicator"), std::string::npos) << algo.out;
   // The refused call left the communicators healthy: they are destroyed, not aborted, so no rank is said to have
   // died (helper-74), also when the ranks are processes.
   EXPECT_EQ(algo.out.find("without a goodbye"), std::string::npos) << algo.out;
-  algo = run(std::string(CHORUSRUN) + " -n 2 " + ALL_REDUCE_PERF + " -b 8 -e 64 -n 2 -w 1 -A bruck");
+  algo = run(std::string(CHORUSRUN) + " -n 65 " + ALL_REDUCE_PERF + " -b 8 -e 64 -n 2 -w 1 -A oneshot");
   EXPECT_EQ(algo.code, 2) << algo.out;
+  EXPECT_NE(algo.out.find("does not apply to this communicator"), std::string::npos) << algo.out;
   EXPECT_EQ(algo.out.find("without a goodbye"), std::string::npos) << algo.out;
   // A usage error leaves -J's file as it was (it used to be overwritten with []).
   const std::string kept = "/tmp/chorus_perf_kept_" + std::to_string(getpid()) + ".json";
@@ -534,6 +537,14 @@ TEST(PerfTools, ArgumentsTheLibraryRefusesExitTwo) {
     Result r = run(bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     EXPECT_NE(r.out.find("-Z/--compression: "), std::string::npos) << bad << ": " << r.out;
+    EXPECT_EQ(r.out.find("# minBytes"), std::string::npos) << bad << ": " << r.out;
+  }
+  // So is an algorithm the collective (or its compressed form) lacks: they used to fail in the first call.
+  for (const std::string& bad :
+       {tool + " -A bruck", tool + " -A tree -Z int8", std::string(SENDRECV_PERF) + " -t 2 -b 8 -e 64 -A ring"}) {
+    Result r = run(bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("-A/--algorithm: "), std::string::npos) << bad << ": " << r.out;
     EXPECT_EQ(r.out.find("# minBytes"), std::string::npos) << bad << ": " << r.out;
   }
   Result flag = run(tool + " -Q");
