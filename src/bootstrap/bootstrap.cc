@@ -475,17 +475,20 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
                 cat("rank ", rank, ": this unique id was already used: ", closed,
                     "; a unique id serves one communicator (make a new one with chorusGetUniqueId)"));
   Socket sock;
-  for (;;) {  // in 1 s slices when there is a stop check, which may end the retries (the root may be gone with it)
-    const bool polled = check_stop && deadline.remaining_ms() > 1000;
-    const Deadline slice = polled ? Deadline::after_ms(1000) : deadline;
+  ConnectRetries retries(cat("rank ", rank, ": the bootstrap root at ", root_text));
+  // In 1 s slices: between them the stop check (if any) may end the retries (the root may be gone with it), and a
+  // long wait is said once as a warning.
+  for (;;) {
+    const Deadline slice = deadline.remaining_ms() > 1000 ? Deadline::after_ms(1000) : deadline;
     try {
       sock = Socket::connect(id.root, slice);
       break;
     } catch (const Error& e) {
-      if (!polled || !slice.passed())  // the whole wait is over, or the error is not one to retry
-        throw Error(e.code(), Subsys::Bootstrap, cat("rank ", rank, ": cannot reach the bootstrap root: ", e.what()));
+      if (!retries.retry(e, slice, deadline))
+        throw Error(e.code(), Subsys::Bootstrap,
+                    cat("rank ", rank, ": cannot reach the bootstrap root: ", retries.why(e)));
     }
-    check_stop();
+    if (check_stop) check_stop();
   }
   try {
     auth_client(sock, id.secret, deadline, check_stop);

@@ -116,11 +116,8 @@ Socket Socket::listen(const sockaddr_storage& addr, int backlog) {
 }
 
 Socket Socket::connect(const sockaddr_storage& addr, Deadline deadline) {
-  const auto start = std::chrono::steady_clock::now();
   int backoff_ms = 5;
-  int attempts = 0;
   for (;;) {
-    ++attempts;
     int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) throw_sys(cat("cannot create a socket to connect to ", sockaddr_to_string(addr)), errno);
     Socket s(fd);
@@ -138,18 +135,34 @@ Socket Socket::connect(const sockaddr_storage& addr, Deadline deadline) {
       s.set_nodelay();
       return s;
     }
-    if (!retryable_connect_error(err)) throw_sys(cat("cannot connect to ", sockaddr_to_string(addr)), err);
-    if (deadline.passed()) {
-      auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-      throw Error(chorusSystemError, Subsys::Bootstrap,
-                  cat("cannot connect to ", sockaddr_to_string(addr), ": ", errno_text(err), " (", attempts,
-                      " attempts in ", waited.count(), " ms)"));
-    }
+    if (!retryable_connect_error(err) || deadline.passed())
+      throw_sys(cat("cannot connect to ", sockaddr_to_string(addr)), err);
     CHORUS_TRACE(Bootstrap, "connect to %s: %s; retrying in %d ms", sockaddr_to_string(addr).c_str(),
                  errno_text(err).c_str(), backoff_ms);
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, deadline.remaining_ms())));
     backoff_ms = std::min(backoff_ms * 2, 200);
   }
+}
+
+ConnectRetries::ConnectRetries(std::string whom, int warn_after_ms)
+    : whom_(std::move(whom)), warn_after_ms_(warn_after_ms), start_(std::chrono::steady_clock::now()) {}
+
+bool ConnectRetries::retry(const std::exception& error, const Deadline& slice, const Deadline& deadline) {
+  if (deadline.passed() || !slice.passed()) return false;
+  const auto waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start_).count();
+  if (!warned_ && waited >= warn_after_ms_) {
+    warned_ = true;
+    CHORUS_WARN(Bootstrap, "%s: not reached after %lld s (%s); still trying, for %d s more (CHORUS_TIMEOUT_MS)",
+                whom_.c_str(), static_cast<long long>(waited / 1000), error.what(), deadline.remaining_ms() / 1000);
+  }
+  return true;
+}
+
+std::string ConnectRetries::why(const std::exception& error) const {
+  const auto waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start_).count();
+  return cat(error.what(), " (tried for ", waited, " ms)");
 }
 
 Socket Socket::accept(Deadline deadline) const {

@@ -9,7 +9,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <cstddef>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -77,6 +79,27 @@ class Socket {
 
  private:
   int fd_ = -1;
+};
+
+// The retries of one connection made in slices: Socket::connect with a short deadline, and a stop condition (an
+// abort, a peer's failure) checked between them. After a slice's error, retry() says whether to try again: not
+// when `deadline` has passed, nor when the error came before the slice's end (one that retrying cannot fix, such
+// as "network is unreachable"). While it retries, it says once, as a warning naming `whom` ("rank 3: rank 1 at
+// 10.0.0.2:4000"), when the peer has not been reached for `warn_after_ms`: the wait may last until
+// CHORUS_TIMEOUT_MS. Not thread-safe (one per connection).
+class ConnectRetries {
+ public:
+  static constexpr int kWarnAfterMs = 10000;
+  explicit ConnectRetries(std::string whom, int warn_after_ms = kWarnAfterMs);
+  bool retry(const std::exception& error, const Deadline& slice, const Deadline& deadline);
+  // The text of the error that ended the retries, with how long they lasted.
+  std::string why(const std::exception& error) const;
+
+ private:
+  std::string whom_;
+  int warn_after_ms_;
+  std::chrono::steady_clock::time_point start_;
+  bool warned_ = false;
 };
 
 // Names of the network interfaces that have an IPv4 or IPv6 address, in getifaddrs order, without duplicates.

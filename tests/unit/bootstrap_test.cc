@@ -250,6 +250,37 @@ TEST(Socket, ConnectRetriesUntilTheListenerAppears) {
   late.join();
 }
 
+TEST(Socket, ConnectRetriesStopAtAnErrorRetryingCannotFixAndWarnOnceWhileWaiting) {
+  // An unreachable network ends the wait at once, however far the deadline (it used to be retried until then).
+  const Deadline far = Deadline::after_ms(60000);
+  ConnectRetries unreachable("rank 1: rank 0 at 255.255.255.255:1");
+  const Deadline slice = Deadline::after_ms(1000);
+  Error e = caught([&] { Socket::connect(resolve("255.255.255.255", 1), slice); });
+  EXPECT_TRUE(contains(e.what(), "unreachable")) << e.what();
+  EXPECT_FALSE(unreachable.retry(e, slice, far));
+
+  // A refused connection is retried until the deadline, with one warning naming the peer once it has waited.
+  sockaddr_storage addr;
+  {
+    Socket probe = Socket::listen(loopback());
+    addr = probe.local_addr();
+  }
+  ConnectRetries refused("rank 1: rank 0 at " + sockaddr_to_string(addr), /*warn_after_ms=*/0);
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) {
+    const Deadline short_slice = Deadline::after_ms(20);
+    Error r = caught([&] { Socket::connect(addr, short_slice); });
+    EXPECT_TRUE(refused.retry(r, short_slice, far)) << r.what();
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string warning = "rank 1: rank 0 at " + sockaddr_to_string(addr) + ": not reached after 0 s (";
+  EXPECT_NE(log.find(warning), std::string::npos) << log;
+  EXPECT_EQ(log.find(warning, log.find(warning) + 1), std::string::npos) << log;
+  const Deadline over = Deadline::after_ms(0);
+  Error last = caught([&] { Socket::connect(addr, over); });
+  EXPECT_FALSE(refused.retry(last, over, over));
+}
+
 TEST(Socket, ListenOnABusyPortNamesTheAddress) {
   Socket first = Socket::listen(loopback());
   sockaddr_storage addr = first.local_addr();

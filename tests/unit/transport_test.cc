@@ -116,6 +116,27 @@ TEST(Transports, EveryNameIsKnownInPriorityOrderAndReported) {
   }
 }
 
+TEST(TcpTransport, APeerOnAnUnreachableNetworkIsAnErrorAtOnce) {
+  // The higher rank connects to the address the peer published; "network is unreachable" is not retried until the
+  // deadline (only refused and timed-out attempts are: the peer may not be listening yet).
+  std::unique_ptr<Transport> t = make_transport("tcp", Secret{});
+  PeerInfo peer;
+  peer.tcp_addr = "255.255.255.255:1";
+  ConnectSpec spec;
+  spec.rank = 1;
+  spec.peer = 0;
+  spec.peer_info = &peer;
+  const Deadline deadline = Deadline::after_ms(60000);
+  try {
+    t->connect(spec, {}, deadline);
+    ADD_FAILURE() << "connected to 255.255.255.255";
+  } catch (const Error& e) {
+    EXPECT_FALSE(deadline.passed()) << "waited for the deadline: " << e.what();
+    EXPECT_EQ(e.code(), chorusSystemError);
+    EXPECT_NE(std::string(e.what()).find("unreachable"), std::string::npos) << e.what();
+  }
+}
+
 // Two ranks of one communicator as two UCX transports of this process, connected through the slot interface.
 class UcxPair {
  public:

@@ -195,14 +195,15 @@ class TcpTransport : public Transport {
     if (s.rank > s.peer) {
       // The higher rank connects, to the address the peer published.
       Socket sock;
+      ConnectRetries retries(cat("rank ", s.rank, ": rank ", s.peer, " at ", s.peer_info->tcp_addr));
       for (;;) {  // in short slices, so a peer failure or an abort ends the wait
         if (s.check_abort) s.check_abort();
         Deadline slice = Deadline::after_ms(std::min(200, deadline.remaining_ms()));
         try {
           sock = Socket::connect(parse_addr(s.peer_info->tcp_addr), slice);
           break;
-        } catch (const Error&) {
-          if (deadline.passed()) throw;
+        } catch (const Error& e) {
+          if (!retries.retry(e, slice, deadline)) throw Error(e.code(), Subsys::Transport, retries.why(e));
         }
       }
       auth_client(sock, secret_, deadline, s.check_abort);
