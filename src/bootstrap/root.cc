@@ -749,6 +749,17 @@ class RootService {
       fail(c.rank, text);
       return;
     }
+    if (c.state == ConnState::AwaitJoin && phase_ == Phase::Gathering) {
+      // It proved it holds the job's secret, so it was a rank: its process died (or it gave up) between
+      // authenticating and joining. It will not join, so the rendezvous cannot complete: the ranks waiting learn it
+      // now instead of at their timeout.
+      std::string text = cat("a rank's connection from ", c.peer,
+                             " closed after authenticating, before joining: its process died or it gave up");
+      if (!os_error.empty()) text += cat(" (", os_error, ")");
+      close_conn(c);
+      fail(-1, text);
+      return;
+    }
     if (c.state == ConnState::AwaitJoin)
       CHORUS_WARN(Bootstrap, "root %s: connection from %s closed after authenticating, before joining", addr_.c_str(),
                   c.peer.c_str());

@@ -856,6 +856,24 @@ TEST(Bootstrap, AFailedUniqueIdRendezvousTellsALateJoinerFromElsewhereWhy) {
   EXPECT_TRUE(contains(text, "rank 0 has already joined")) << text;
 }
 
+TEST(Bootstrap, ARankGoneBetweenAuthenticatingAndJoiningFailsTheRendezvousAtOnce) {
+  // Its process was killed after proving the secret, before its Join (helper-77): the rank waiting would otherwise
+  // wait for it until its timeout.
+  UniqueIdData id = quick_root();
+  ::testing::internal::CaptureStderr();  // the root's warning
+  const Deadline deadline = Deadline::after_ms(60000);
+  Error waiting_error(chorusSuccess, Subsys::Bootstrap, "");
+  std::thread waiting([&] { waiting_error = caught([&] { Bootstrap::join(id, 0, 2, {}, deadline); }); });
+  std::this_thread::sleep_for(100ms);
+  raw_client(id);  // authenticated, then closed without a Join
+  waiting.join();
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(deadline.passed()) << waiting_error.what();
+  EXPECT_EQ(waiting_error.code(), chorusRemoteError);
+  EXPECT_TRUE(contains(waiting_error.what(), "closed after authenticating, before joining: its process died"))
+      << waiting_error.what();
+}
+
 TEST(Bootstrap, RootRejectsOutOfRangeRankOnTheWire) {
   UniqueIdData id = quick_root();
   const auto [h, text] = raw_join(id, /*rank=*/7, /*nranks=*/4);
