@@ -414,9 +414,17 @@ int main(int argc, char** argv) {
       const auto [r, is_err] = who[i];
       pump(r, is_err ? ranks[r].err : ranks[r].out, is_err ? stderr : stdout);
     }
-    int status;
-    pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
+    // The ranks that ended since the last look. A death by a signal comes first: when a rank is killed, the others
+    // notice within milliseconds and exit with an error, often before chorusrun looks again, and the killed one
+    // is the cause to name (helper-77 saw the first exit named instead).
+    std::vector<std::pair<pid_t, int>> ended;
+    {
+      int st;
+      pid_t p;
+      while ((p = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED)) > 0) ended.push_back({p, st});
+      std::stable_partition(ended.begin(), ended.end(), [](const auto& e) { return WIFSIGNALED(e.second); });
+    }
+    for (const auto& [pid, status] : ended) {
       for (int r = 0; r < n; ++r) {
         if (ranks[r].pid != pid) continue;
         if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
