@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -115,8 +116,9 @@ std::string meta_text(const CheckpointMeta& m) {
     << "steps " << m.steps << "\n"
     << "rng " << m.rng.s[0] << " " << m.rng.s[1] << " " << m.rng.s[2] << " " << m.rng.s[3] << "\n"
     << "drawn " << m.drawn << "\n"
-    << "training " << m.training << "\n"
-    << "history " << m.history.size() << "\n";
+    << "training " << m.training << "\n";
+  for (const auto& [name, value] : m.collectives) s << "collectives " << name << " " << value << "\n";
+  s << "history " << m.history.size() << "\n";
   char line[96];
   for (const HistoryRow& h : m.history) {
     std::snprintf(line, sizeof(line), "%d %.17g %.17g\n", h.step, h.loss, h.val);
@@ -131,14 +133,18 @@ std::string meta_text(const CheckpointMeta& m) {
 // What killed attempts leave under root: temporary directories (.tmp), directories half deleted (.del, or a step
 // directory without meta.txt, which no complete checkpoint lacks), and .old copies whose checkpoint is there (else
 // pruning that checkpoint would bring its stale copy back). None is a complete checkpoint.
-void remove_leftovers(const std::string& root) {
+bool is_incomplete_step(const fs::path& p) {
   static const std::regex kStep("step-[0-9]{8}");
+  return std::regex_match(p.filename().string(), kStep) && !fs::exists(p / "meta.txt");
+}
+
+void remove_leftovers(const std::string& root) {
   std::vector<fs::path> leftovers;
   for (const auto& e : fs::directory_iterator(root)) {
     const fs::path& p = e.path();
     const std::string ext = p.extension().string();
     if (ext == ".tmp" || ext == ".del" || (ext == ".old" && fs::exists(p.parent_path() / p.stem())) ||
-        (std::regex_match(p.filename().string(), kStep) && !fs::exists(p / "meta.txt")))
+        is_incomplete_step(p))
       leftovers.push_back(p);
   }
   for (const fs::path& p : leftovers) fs::remove_all(p);
@@ -246,6 +252,24 @@ std::string latest_checkpoint(const std::string& root) {
   return all.empty() ? "" : all.back().string();
 }
 
+std::vector<std::pair<std::string, std::string>> collective_settings() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* name : {"CHORUS_ALGO", "CHORUS_NCHANNELS", "CHORUS_DETERMINISTIC", "CHORUS_SLICE_BYTES",
+                           "CHORUS_TOPO_FILE", "CHORUS_TUNE_FILE"})
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0' && std::strchr(v, '\n') == nullptr)
+      out.emplace_back(name, v);
+  return out;
+}
+
+std::vector<std::string> incomplete_checkpoints(const std::string& root) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (is_incomplete_step(e.path())) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<std::string> checkpoints_after(const std::string& root, int step) {
   std::vector<std::string> out;
   for (const fs::path& p : complete_checkpoints(root))
@@ -305,6 +329,11 @@ CheckpointMeta read_meta(const std::string& dir) {
         in >> m.rng.s[0] >> m.rng.s[1] >> m.rng.s[2] >> m.rng.s[3];
       } else if (key == "drawn") {
         in >> m.drawn;
+      } else if (key == "collectives") {
+        std::string name, value;
+        in >> name >> std::ws;
+        std::getline(in, value);
+        m.collectives.emplace_back(name, value);
       } else if (key == "history") {
         in >> nhist;
         for (size_t i = 0; i < nhist && in; ++i) {
@@ -367,6 +396,24 @@ CheckpointMeta load_checkpoint(const std::string& dir, const CheckpointMeta& exp
     }
     if (diff.empty()) diff = "\n  checkpoint: " + meta.training + "\n  this run:   " + expect.training;
     throw std::runtime_error("checkpoint '" + dir + "' was trained with other settings; resume with its flags:" + diff);
+  }
+  if (meta.collectives != expect.collectives && rank == 0) {
+    auto value = [](const std::vector<std::pair<std::string, std::string>>& kv, const std::string& name) {
+      for (const auto& [k, v] : kv)
+        if (k == name) return v;
+      return std::string("unset");
+    };
+    std::string diff;
+    for (const auto& kv : {meta.collectives, expect.collectives})
+      for (const auto& [name, v] : kv)
+        if (value(meta.collectives, name) != value(expect.collectives, name) &&
+            diff.find(name + "=") == std::string::npos)
+          diff += " " + name + "=" + value(expect.collectives, name) +
+                  " (checkpoint: " + value(meta.collectives, name) + ")";
+    std::fprintf(stderr,
+                 "chorus-trainer: warning: resuming under other Chorus settings:%s; the collectives may sum in "
+                 "another order, so the losses may differ in their last bits from a run that was never stopped\n",
+                 diff.c_str());
   }
   const std::string path = dir + "/rank-" + std::to_string(rank) + ".bin";
   std::ifstream in(path, std::ios::binary);

@@ -14,6 +14,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainer/data.h"
@@ -35,12 +36,21 @@ struct CheckpointMeta {
   // The settings besides the model that decide the trajectory, "flag=value ..." (Trainer::meta): a resume with other
   // values is refused, naming them.
   std::string training;
+  // The Chorus settings that may change the order in which the collectives sum (collective_settings()), as
+  // (variable, value) of those set. A resume under others is said, not refused: it trains on, but the losses may
+  // differ in their last bits from a run that was never stopped.
+  std::vector<std::pair<std::string, std::string>> collectives;
   int nranks = 1, shard_group = 1;
   int step = 0, steps = 0;  // steps done, steps planned
   Rng rng;
   uint64_t drawn = 0;
   std::vector<HistoryRow> history;
 };
+
+// The CHORUS_* variables of this process that may change the collectives' summation order (the algorithm
+// choice and the channels: CHORUS_ALGO, CHORUS_NCHANNELS, CHORUS_DETERMINISTIC, CHORUS_SLICE_BYTES,
+// CHORUS_TOPO_FILE, CHORUS_TUNE_FILE), those set, in that order.
+std::vector<std::pair<std::string, std::string>> collective_settings();
 
 // Collective over dist's world: writes <root>/step-<meta.step> as described above, then keeps the newest `keep`
 // checkpoints. `die_midway` (for the fault tests) is called halfway through writing this rank's file. Throws
@@ -55,6 +65,10 @@ void remove_checkpoint(const std::string& dir);
 
 // The newest complete checkpoint under root, or "" when there is none.
 std::string latest_checkpoint(const std::string& root);
+
+// Step directories under root without meta.txt (not checkpoints: cut short, or damaged), which the next
+// checkpoint removes; sorted.
+std::vector<std::string> incomplete_checkpoints(const std::string& root);
 
 // The complete checkpoints under root of steps after `step`, oldest first.
 std::vector<std::string> checkpoints_after(const std::string& root, int step);

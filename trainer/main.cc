@@ -5,16 +5,19 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chorus/chorus.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -247,19 +250,33 @@ Options parse(int argc, char** argv) {
         if (std::string(optarg) != "cpu")
           throw UsageError("--device: '" + std::string(optarg) + "' is not cpu or cuda");
         break;
-      case kOut: o.out = optarg; break;
+      case kOut:
+        if (*optarg == '\0') throw UsageError("--out: empty path (the run directory)");
+        o.out = optarg;
+        break;
       case kCkptEvery: o.ckpt_every = num_i(); break;
       case kKeep: o.keep = num_i(); break;
       case kResume: o.resume = true; break;
-      case kResumeFrom: o.resume_from = optarg; break;
+      case kResumeFrom:
+        // An unset shell variable ("--resume-from $CKPT") must not start afresh.
+        if (*optarg == '\0') throw UsageError("--resume-from: empty path (a checkpoint directory)");
+        o.resume_from = optarg;
+        break;
       case kOverwrite: o.overwrite = true; break;
       case kNoPlot: o.plot = false; break;
       case kKillAt: {
-        char where[32] = "";
-        if (std::sscanf(optarg, "%d:%d:%31s", &o.kill_rank, &o.kill_step, where) < 2 ||
-            (where[0] && std::string(where) != "checkpoint"))
-          throw UsageError("--kill-at: '" + std::string(optarg) + "' is not RANK:STEP or RANK:STEP:checkpoint");
-        o.kill_in_checkpoint = where[0] != 0;
+        const std::string v = optarg;
+        const size_t colon = v.find(':'), second = v.find(':', colon == std::string::npos ? v.size() : colon + 1);
+        const std::string where = second == std::string::npos ? "" : v.substr(second + 1);
+        try {
+          if (colon == std::string::npos || (second != std::string::npos && where != "checkpoint"))
+            throw UsageError("");
+          o.kill_rank = parse_number<int>("kill-at", v.substr(0, colon).c_str());
+          o.kill_step = parse_number<int>("kill-at", v.substr(colon + 1, second - colon - 1).c_str());
+        } catch (const UsageError&) {
+          throw UsageError("--kill-at: '" + v + "' is not RANK:STEP or RANK:STEP:checkpoint");
+        }
+        o.kill_in_checkpoint = !where.empty();
         break;
       }
       case kHelp:
@@ -495,6 +512,47 @@ void agree_on_checkpoints(chorus::Comm& world, const Trainer& trainer, const std
   }
 }
 
+// One run per --out at a time: two would publish over each other's checkpoints (helper-77). Rank 0 holds an
+// exclusive flock on <out>/lock, with its pid inside, for the whole run; the kernel releases it when the process
+// ends, killed or not. Taking it also finds an --out that cannot be written before any training. A directory this
+// lock created and nothing else used is removed again when the run fails before writing anything.
+class RunLock {
+ public:
+  explicit RunLock(const std::string& out) : out_(out), created_(!fs::exists(out)) {
+    fs::create_directories(out);
+    const std::string path = out + "/lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw std::runtime_error("--out: cannot create '" + path + "': " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char text[32] = {};
+      const ssize_t n = ::pread(fd_, text, sizeof(text) - 1, 0);
+      ::close(fd_);
+      std::string holder = n > 0 ? std::string(text, size_t(n)) : "?";
+      if (!holder.empty() && holder.back() == '\n') holder.pop_back();
+      if (err != EWOULDBLOCK) throw std::runtime_error("--out: cannot lock '" + path + "': " + std::strerror(err));
+      throw std::runtime_error("--out: '" + out + "' is in use by another run (process " + holder + " holds " + path +
+                               "): wait for it to end, or pass another --out");
+    }
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size()))
+      throw std::runtime_error("--out: cannot write '" + path + "': " + std::strerror(errno));
+  }
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+  ~RunLock() {
+    std::error_code ec;
+    if (created_ && std::distance(fs::directory_iterator(out_, ec), fs::directory_iterator()) == 1)
+      fs::remove_all(out_, ec);  // only the lock: the run failed before writing anything
+    ::close(fd_);
+  }
+
+ private:
+  std::string out_;
+  bool created_;
+  int fd_ = -1;
+};
+
 int run(const Options& o) {
   blas_init();
   std::unique_ptr<chorus::Comm> world;
@@ -521,12 +579,35 @@ int run(const Options& o) {
   for (const std::string& d : {o.out, ckpt_root})
     if (fs::exists(d) && !fs::is_directory(d))
       throw std::runtime_error("'" + d + "' exists and is not a directory (see --out)");
+  std::optional<RunLock> lock;
+  std::string lock_error;
+  if (lead) {
+    try {
+      lock.emplace(o.out);
+    } catch (const std::exception& e) {
+      lock_error = e.what();
+    }
+  }
+  if (world) {  // the other ranks stop too, before they look at the checkpoints
+    int failed = !lock_error.empty();
+    world->broadcast(std::span<int>(&failed, 1), 0);
+    if (failed && !lead) throw std::runtime_error("rank 0 could not take --out '" + o.out + "' (its error says why)");
+  }
+  if (!lock_error.empty()) throw std::runtime_error(lock_error);
   if (lead) fs::remove_all(ckpt_root + ".del");  // what a killed --overwrite left
   std::string resume_dir = o.resume_from;
   if (o.resume && resume_dir.empty()) {
     resume_dir = latest_checkpoint(ckpt_root);
     if (resume_dir.empty()) throw std::runtime_error("--resume: no checkpoint under '" + ckpt_root + "'");
   }
+  // The trainer leaves no step directory without meta.txt (it publishes and deletes by renames): one is damage from
+  // outside, or a kill under an older trainer, and is said before the next checkpoint removes it.
+  if (lead)
+    for (const std::string& d : incomplete_checkpoints(ckpt_root))
+      std::fprintf(stderr,
+                   "chorus-trainer: warning: '%s' has no meta.txt (cut short or damaged): not a checkpoint, passed "
+                   "over; the next checkpoint removes it\n",
+                   d.c_str());
   if (world) agree_on_checkpoints(*world, trainer, ckpt_root, resume_dir);
   if (resume_dir.empty() && !latest_checkpoint(ckpt_root).empty()) {
     if (!o.overwrite)
@@ -682,6 +763,14 @@ int main(int argc, char** argv) {
     // a usage error like the ones parse() finds, not a failure of the run.
     std::fprintf(stderr, "chorus-trainer: %s\n", e.what());
     return kExitUsage;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "chorus-trainer: error: out of memory: the model or batch is too large for this machine (see "
+                 "--d-model, --d-ff, --layers, --experts, --d-expert, --batch, --seq-len)\n");
+  } catch (const std::length_error&) {
+    std::fprintf(stderr,
+                 "chorus-trainer: error: the model or batch is too large to allocate (see --d-model, --d-ff, "
+                 "--layers, --experts, --d-expert, --batch, --seq-len)\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorus-trainer: error: %s\n", e.what());
   }

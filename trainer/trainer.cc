@@ -133,6 +133,7 @@ CheckpointMeta Trainer::meta() const {
   m.model_hash = cfg_.model.hash();
   m.model = cfg_.model.describe();
   m.training = settings_;
+  m.collectives = collective_settings();
   m.nranks = dist_.nranks();
   m.shard_group = dist_.shard_size();
   m.step = step_;

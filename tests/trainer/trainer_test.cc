@@ -2,7 +2,9 @@
 // same computation in one process, checkpoints that survive a killed rank, and clear errors for bad input.
 // Equivalence tests run ranks as threads (chorus::Comm over the local transport); the rest run the chorus-trainer
 // binary under chorusrun (CHORUSRUN and CHORUS_TRAINER are the built binaries' paths).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -524,6 +526,9 @@ TEST_F(Cli, HalfDeletedCheckpointsAreNeverResumedAndAreCleanedUp) {
   r = trainer(0, "run", "--steps 7 --ckpt-every 2 --keep 3 --resume");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("resumed from " + (ck / "step-00000004").string()), std::string::npos) << r.out;
+  // The step directory without meta.txt is passed over with a warning (helper-77: it went silently), then removed.
+  EXPECT_NE(r.out.find("warning: '" + (ck / "step-00000008").string() + "' has no meta.txt"), std::string::npos)
+      << r.out;
   EXPECT_FALSE(fs::exists(ck / "step-00000006.del"));
   EXPECT_FALSE(fs::exists(ck / "step-00000008"));
   EXPECT_FALSE(fs::exists(dir_ / "run/checkpoints.del"));
@@ -706,6 +711,71 @@ TEST_F(Cli, CompressTakesACodecAndNeedsSeveralRanks) {
   r = trainer(2, "run", "--compress int8 --steps 3");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("gradients int8 (quantize-once)"), std::string::npos) << r.out;
+}
+
+// Two runs into one --out would publish over each other's checkpoints (helper-77 saw one run's step directories
+// hold the other's files): rank 0 holds <out>/lock for the run, and a second run is refused naming the holder.
+TEST_F(Cli, ASecondRunIntoTheSameOutIsRefusedNamingTheFirst) {
+  fs::create_directories(dir_ / "run");
+  const int fd = ::open((dir_ / "run/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_EQ(::write(fd, "4242\n", 5), 5);  // the pid a run writes there
+  for (int n : {0, 2}) {
+    Result r = trainer(n, "run", "--steps 2 --ckpt-every 1");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("is in use by another run (process 4242 holds " + (dir_ / "run/lock").string()),
+              std::string::npos)
+        << r.out;
+    EXPECT_FALSE(fs::exists(dir_ / "run/checkpoints")) << r.out;
+  }
+  ::close(fd);  // the first run ended: its lock goes with it
+  Result r = trainer(2, "run", "--steps 2 --ckpt-every 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ / "run/checkpoints/step-00000002/meta.txt"));
+  // A run that fails before writing anything leaves no directory behind.
+  r = trainer(0, "fresh", "--steps 2 --resume");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--resume: no checkpoint"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "fresh"));
+}
+
+// The Chorus settings that may change the collectives' summation order are recorded; a resume under others trains
+// on but says so (helper-77: CHORUS_NCHANNELS=2 changed the losses' last bits silently).
+TEST_F(Cli, ResumingUnderOtherChorusSettingsIsSaid) {
+  Result r = trainer(2, "run", "--steps 2 --ckpt-every 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string resume = tiny() + " --out " + (dir_ / "run").string() + " --resume --ckpt-every 1";
+  r = chorus::test::run("CHORUS_NCHANNELS=2 " + launch(2) + resume + " --steps 3");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: resuming under other Chorus settings: CHORUS_NCHANNELS=2 (checkpoint: unset);"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(file("run/checkpoints/step-00000003/meta.txt").find("\ncollectives CHORUS_NCHANNELS 2\n"),
+            std::string::npos);
+  r = chorus::test::run("CHORUS_NCHANNELS=2 " + launch(2) + resume + " --steps 4");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("resuming under other Chorus settings"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, EmptyPathsAMalformedKillAtAndAnOversizedModelNameTheirFlags) {
+  // An empty --resume-from (an unset shell variable) started afresh, exit 0; an empty --out ran at the file
+  // system's root; --kill-at 0:2x was taken as 0:2 (helper-77).
+  for (const char* flags : {"--out ''", "--resume-from ''", "--kill-at 0:2x", "--kill-at 0:2:later", "--kill-at 0"}) {
+    Result r = trainer(0, "run", flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
+    const std::string flag = std::string(flags).substr(0, std::string(flags).find(' '));
+    EXPECT_NE(r.out.find(flag + ":"), std::string::npos) << flags << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "run"));
+  // A model that cannot be allocated says which flags size it (it printed "std::bad_alloc"). Under a 4 GB address
+  // space limit, so that it fails at once whatever the machine's overcommit policy.
+  Result big = chorus::test::run("ulimit -v 4000000; CHORUS_TIMEOUT_MS=30000 " + tiny() + " --d-model 60000 --heads 1" +
+                                 " --out " + (dir_ / "big").string());
+  EXPECT_EQ(big.code, 1) << big.out;
+  EXPECT_NE(big.out.find("out of memory: the model or batch is too large for this machine (see --d-model"),
+            std::string::npos)
+      << big.out;
 }
 
 TEST_F(Cli, NonsensicalHyperParametersAreRefusedNamingTheFlag) {
