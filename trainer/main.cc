@@ -571,6 +571,27 @@ int run(const Options& o) {
   if (o.hybrid && world) shard_group = ranks_per_host(*world);
   Dist dist = world ? Dist(*world, shard_group) : Dist();
 
+  // A model whose state cannot fit is refused before anything is allocated: an allocation the kernel's overcommit
+  // lets through would be killed later, or swap the machine to a standstill (helper-77). Its state is fp32
+  // parameters, gradients and two AdamW moments, sharded over the ranks (dense by FSDP, experts by expert parallelism).
+  {
+    const ModelConfig& mc = o.train.model;
+    double numel = 0;
+    for (const Unit& u : make_layout(mc)) numel += double(u.numel);
+    const int moe_blocks = mc.n_experts > 0 ? mc.n_layers / mc.moe_every : 0;
+    numel += double(moe_blocks) * mc.n_experts * 2.0 * mc.d_model * mc.d_expert;
+    const double per_rank = 16.0 * numel / dist.nranks();
+    const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    if (per_rank > ram) {
+      char text[320];
+      std::snprintf(text, sizeof(text),
+                    "the model (--d-model, --layers, --d-ff, --experts, --d-expert) has %.3g parameters: their state "
+                    "(fp32 parameters, gradients and AdamW moments) needs %.1f GiB per rank over %d rank(s), more "
+                    "than this machine's %.1f GiB of memory",
+                    numel, per_rank / (1 << 30), dist.nranks(), ram / (1 << 30));
+      throw std::invalid_argument(text);
+    }
+  }
   const Corpus corpus = Corpus::load(o.data, o.val_fraction, size_t(o.train.model.seq_len) + 1);
   Trainer trainer(o.train, corpus, dist);
   const double unigram = unigram_baseline(corpus);

@@ -768,10 +768,20 @@ TEST_F(Cli, EmptyPathsAMalformedKillAtAndAnOversizedModelNameTheirFlags) {
     EXPECT_NE(r.out.find(flag + ":"), std::string::npos) << flags << ": " << r.out;
   }
   EXPECT_FALSE(fs::exists(dir_ / "run"));
-  // A model that cannot be allocated says which flags size it (it printed "std::bad_alloc"). Under a 4 GB address
-  // space limit, so that it fails at once whatever the machine's overcommit policy.
-  Result big = chorus::test::run("ulimit -v 4000000; CHORUS_TIMEOUT_MS=30000 " + tiny() + " --d-model 60000 --heads 1" +
-                                 " --out " + (dir_ / "big").string());
+  // A model whose state cannot fit in the machine's memory is refused before anything is allocated, naming the
+  // flags that size it (it printed "std::bad_alloc", or could be let through by overcommit and killed later).
+  Result huge = trainer(0, "huge", "--d-model 60000 --heads 1");
+  EXPECT_EQ(huge.code, 2) << huge.out;
+  EXPECT_NE(huge.out.find("the model (--d-model, --layers, --d-ff, --experts, --d-expert) has 2.88e+10 parameters"),
+            std::string::npos)
+      << huge.out;
+  EXPECT_NE(huge.out.find("GiB of memory"), std::string::npos) << huge.out;
+  EXPECT_FALSE(fs::exists(dir_ / "huge"));
+  // One that fits the machine but not the process's address space (here a 2 GB limit: 0.4 G parameters) fails its
+  // allocation with a message naming them too. Skipped where the machine itself has too little memory for it.
+  if (double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) < 8e9) return;
+  Result big = chorus::test::run("ulimit -v 2000000; CHORUS_TIMEOUT_MS=30000 " + tiny() +
+                                 " --d-model 4096 --heads 1 --out " + (dir_ / "big").string());
   EXPECT_EQ(big.code, 1) << big.out;
   EXPECT_NE(big.out.find("out of memory: the model or batch is too large for this machine (see --d-model"),
             std::string::npos)
