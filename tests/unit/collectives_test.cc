@@ -420,6 +420,56 @@ TEST(Average, NarrowFloatsGiveTheSameBitsWithEveryAlgorithmAndSize) {
   }
 }
 
+// A pre-multiplied 16-bit sum rounds every input's product to the type once, whichever rank adds it: a peer's
+// product arrives rounded (it was sent as the type), and the rank's own used to enter unrounded, so an element's
+// bits depended on which rank reduced its chunk, and so on its position and the count (helper-78, also under
+// CHORUS_DETERMINISTIC=1). With 2 ranks the result is round(round(s x0) + round(s x1)) for every algorithm.
+TEST(PreMulSum, NarrowFloatsRoundEveryProductOnceWhicheverRankAddsIt) {
+  World& w = World::get(2);
+  for (chorusDataType_t dtype : {chorusFloat16, chorusBfloat16}) {
+    uint16_t scalar = 0;
+    const float s = 0.3f;
+    kernels::narrow_from_float(dtype, &s, &scalar, 1);
+    float sf = 0;
+    kernels::widen_to_float(dtype, &scalar, &sf, 1);
+    auto round_to = [&](float v) {
+      uint16_t h = 0;
+      kernels::narrow_from_float(dtype, &v, &h, 1);
+      return h;
+    };
+    auto wide = [&](uint16_t h) {
+      float v = 0;
+      kernels::widen_to_float(dtype, &h, &v, 1);
+      return v;
+    };
+    // Element i of rank r: 1000 + 7 i on rank 0 and 0.27 + i / 64 on rank 1, where the two roundings matter.
+    auto input = [&](int r, size_t i) {
+      return round_to(r == 0 ? 1000.0f + 7.0f * (i % 97) : 0.27f + (i % 61) / 64.0f);
+    };
+    auto want = [&](size_t i) {
+      return round_to(wide(round_to(sf * wide(input(0, i)))) + wide(round_to(sf * wide(input(1, i)))));
+    };
+    for (size_t count : {size_t{1}, size_t{2}, size_t{7}, size_t{4099}, size_t{70001}}) {
+      for (const char* name : {static_cast<const char*>(nullptr), "ring", "oneshot", "tree", "rhd", "hier"}) {
+        w.run([&](int r, chorusComm_t c) {
+          std::vector<uint16_t> in(count), out(count, 0);
+          for (size_t i = 0; i < count; ++i) in[i] = input(r, i);
+          chorusRedOp_t op;
+          ASSERT_EQ(chorusRedOpCreatePreMulSum(&op, &scalar, dtype, chorusScalarHostImmediate, c), chorusSuccess);
+          chorusCollOptions_t o = CHORUS_COLL_OPTIONS_INIT;
+          o.algorithm = name;
+          ASSERT_EQ(chorusAllReduceEx(in.data(), out.data(), count, dtype, op, &o, c, nullptr), chorusSuccess)
+              << chorusGetLastError(c);
+          ASSERT_EQ(chorusRedOpDestroy(op, c), chorusSuccess);
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(out[i], want(i)) << dtype_name(dtype) << " " << (name ? name : "(selector)") << " count " << count
+                                       << " rank " << r << " element " << i;
+        });
+      }
+    }
+  }
+}
+
 // One-shot all-reduce: every rank evaluates the sum itself, so every rank's own contribution must enter it exactly
 // as the others receive it. It did not: a pre-multiplied fp16 product was rounded on the wire but not at home
 // (ranks differed in the last bit), and rank 0 added its operands in the other order (two NaNs: ranks kept

@@ -264,7 +264,9 @@ Params<F> params_of(const ReduceSpec& spec) {
 template <class F, ReduceKind K, bool kPremul, bool kDiv>
 CHORUS_ALWAYS_INLINE typename F::Store reduce_elem(typename F::Store a, typename F::Store b, const Params<F>& p) {
   auto y = F::load(b);
-  if constexpr (kPremul) y = premul(y, p.scalar);
+  // An input times the scalar is rounded to the type, as the copy of it a peer receives is (copy_elem): every input
+  // enters the sum the same way, whichever rank's step adds it (fp16 results depended on the element's position).
+  if constexpr (kPremul) y = F::load(F::store(premul(y, p.scalar)));
   auto r = combine<K>(F::load(a), y);
   // The average is the sum as every reduction step leaves it (rounded to the type: fp8 e4m3 saturated, fp16
   // overflowed to inf), divided: the same bits whichever program, and so whichever step, does the division.

@@ -210,7 +210,7 @@ Params<F> params_of(const ReduceSpec& spec) {
 template <class F, ReduceKind K, bool kPremul, bool kDiv>
 __device__ __forceinline__ typename F::Store reduce_elem(typename F::Store a, typename F::Store b, const Params<F>& p) {
   auto y = F::load(b);
-  if constexpr (kPremul) y = premul(y, p.scalar);
+  if constexpr (kPremul) y = F::load(F::store(premul(y, p.scalar)));  // rounded as a peer's copy is (as reduce.cc)
   auto r = combine<K>(F::load(a), y);
   if constexpr (kDiv) r = divide(F::load(F::store(r)), p.divisor);  // the rounded sum, divided (as reduce.cc)
   return F::store(r);
