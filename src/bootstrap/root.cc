@@ -152,7 +152,8 @@ struct Registry {
   std::mutex mu;
   std::condition_variable cv;
   int running = 0;
-  int busy = 0;  // services with a joined rank still connected
+  int busy = 0;         // services with a joined rank still connected
+  int busy_failed = 0;  // of them, those whose job failed: every rank still connected was told
   // Per unique id served here (RootOptions::one_rendezvous), once nobody can join: what happened
   // (root_closed_here). The most recent kMaxClosed only, oldest first in `closed_order`.
   std::map<Secret, std::string> closed;
@@ -866,14 +867,17 @@ class RootService {
   int nranks_ = 0;  // set by the first Join
   int first_rank_ = -1;
   void set_busy(bool busy) {
-    if (busy == busy_) return;
-    busy_ = busy;
+    const bool failed = busy && (phase_ == Phase::Failed || gathers_failed_);
+    if (busy == busy_ && failed == busy_failed_) return;
     std::lock_guard<std::mutex> lock(registry().mu);
-    registry().busy += busy ? 1 : -1;
+    registry().busy += int(busy) - int(busy_);
+    registry().busy_failed += int(failed) - int(busy_failed_);
+    busy_ = busy;
+    busy_failed_ = failed;
     registry().cv.notify_all();
   }
 
-  bool busy_ = false;
+  bool busy_ = false, busy_failed_ = false;
   int njoined_ = 0;
   std::vector<bool> joined_;                // ever joined
   std::vector<Conn*> by_rank_;              // live connection of each joined rank
@@ -897,8 +901,14 @@ namespace {
 // The process whose threads serve the roots started here (start_root).
 std::atomic<pid_t> g_root_process{0};
 
+// After a job failed, what the ranks still connected may need of the root: the status questions of their timeout
+// diagnosis, which ends about 2 s after the failure (at most 10 s with thousands of ranks).
+constexpr int64_t kFailedJobExitWaitMs = 5000;
+
 // The process that hosts a root must not take it down while ranks elsewhere still use it (rank 0 often finishes
-// first): at exit, wait for every joined rank to say goodbye or die, for at most CHORUS_TIMEOUT_MS. Only when no
+// first): at exit, wait for every joined rank to say goodbye or die, for at most CHORUS_TIMEOUT_MS, or
+// kFailedJobExitWaitMs when every job still served has failed (a rank whose host or network died never says goodbye
+// nor closes its connection, and the job would end a whole timeout after its error; helper-79). Only when no
 // communicator of this process is still alive: those would say goodbye after this handler, so waiting for them
 // could only time out. Only in the process whose threads serve the roots (g_root_process): a child forked from it
 // inherits this handler and the registry's counts, but not the service threads that would bring them down.
@@ -911,9 +921,23 @@ void wait_for_roots_at_exit() {
   } catch (...) {
   }
   std::unique_lock<std::mutex> lock(registry().mu);
-  if (registry().busy > 0)
-    CHORUS_INFO(Bootstrap, "process exit: waiting for %d rendezvous service(s) still in use", registry().busy);
-  registry().cv.wait_for(lock, std::chrono::milliseconds(ms), [] { return registry().busy == 0; });
+  Registry& reg = registry();
+  if (reg.busy == 0) return;
+  const bool all_failed = reg.busy == reg.busy_failed;
+  if (all_failed) ms = std::min(ms, kFailedJobExitWaitMs);
+  CHORUS_INFO(Bootstrap, "process exit: waiting at most %lld ms for %d rendezvous service(s) still in use%s",
+              static_cast<long long>(ms), reg.busy, all_failed ? " by failed jobs" : "");
+  const Deadline until = Deadline::after_ms(static_cast<int>(std::min<int64_t>(ms, INT32_MAX)));
+  // In slices: a job that fails while this waits shortens the wait.
+  while (reg.busy > 0 && !until.passed()) {
+    reg.cv.wait_for(lock, std::chrono::milliseconds(std::min(100, until.remaining_ms() + 1)));
+    if (reg.busy > 0 && reg.busy == reg.busy_failed && ms > kFailedJobExitWaitMs) {
+      CHORUS_INFO(Bootstrap, "process exit: the jobs still served failed; waiting at most %lld ms more",
+                  static_cast<long long>(kFailedJobExitWaitMs));
+      reg.cv.wait_for(lock, std::chrono::milliseconds(kFailedJobExitWaitMs), [&] { return reg.busy == 0; });
+      return;
+    }
+  }
 }
 }  // namespace
 

@@ -114,10 +114,15 @@ TEST_P(Fault, KilledRankHostingTheRootIsNamedByTheOthers) {
 // A stopped rank (SIGSTOP: alive, silent) is what every other rank's timeout leads with; each one's own wait, often
 // for a neighbour that is waiting too, follows as "seen here as". chorusrun's timeout then ends the stopped rank.
 TEST(Faults, AStoppedRankLeadsTheOthersTimeoutErrors) {
-  Result r = run(std::string("CHORUS_TRANSPORTS=shm CHORUS_TIMEOUT_MS=2000 ") + CHORUSRUN + " -n 4 --timeout 15 " +
-                 MP_WORKER + " stop");
+  Result r = run(std::string("CHORUS_TRANSPORTS=shm CHORUS_TIMEOUT_MS=2000 CHORUS_DEBUG=INFO ") +
+                 "CHORUS_DEBUG_SUBSYS=BOOTSTRAP " + CHORUSRUN + " -n 4 --timeout 15 " + MP_WORKER + " stop");
   EXPECT_EQ(r.code, 124) << r.out;  // chorusrun's own timeout: the stopped rank never ends by itself
   EXPECT_EQ(count_of(r.out, "stop: error leads with rank 2"), 3) << r.out;
+  // Rank 0's process, which hosts the root, knows the job failed: at exit it waits for the stopped rank at most
+  // a short grace (it was a whole CHORUS_TIMEOUT_MS: a rank whose host died never closes its connection).
+  EXPECT_NE(r.out.find("process exit: waiting at most 2000 ms for 1 rendezvous service(s) still in use by failed jobs"),
+            std::string::npos)
+      << r.out;
   // chorusrun says which rank stopped, once (not again for its own SIGCONT and SIGTERM at the timeout).
   EXPECT_EQ(count_of(r.out, "was stopped by signal"), 1) << r.out;
   EXPECT_NE(r.out.find("chorusrun: rank 2 (pid "), std::string::npos) << r.out;
