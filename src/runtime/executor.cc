@@ -181,7 +181,7 @@ class Run {
     }
     if ((idle & 63) == 0) {
       if (p_.check_abort) p_.check_abort();
-      if (p_.deadline.passed()) timeout();
+      if (p_.deadline.passed()) timeout(since);
     }
     if ((idle & 63) == 0) {
       check_foreign_messages();
@@ -239,7 +239,8 @@ class Run {
     poll(fds_.data(), fds_.size(), std::max(1, timeout_us / 1000));
   }
 
-  [[noreturn]] void timeout() {
+  // `last_progress`: when a step last ran (the idle wait began).
+  [[noreturn]] void timeout(std::chrono::steady_clock::time_point last_progress) {
     std::string waiting;
     for (size_t l = 0; l < lanes_.size() && waiting.empty(); ++l) {
       if (lanes_[l].done) continue;
@@ -248,14 +249,26 @@ class Run {
       if (c.recv && !c.recv->recv_peek().header)
         waiting = cat("waiting for data from rank ", s.recv_peer);
       else if (c.send)
-        waiting = cat("waiting for rank ", s.send_peer, " to free a slot (it is not receiving)");
+        waiting = cat("waiting for rank ", s.send_peer, " to free a slot (it has not taken the slices sent)");
       else
         waiting = "waiting";
       waiting += cat(" (channel ", prog_.lanes[l].channel, ", step ", lanes_[l].step, " ", algo::opcode_name(s.op),
                      ", slice ", lanes_[l].slice, ")");
     }
+    // A deadline that passes while slices still arrive is a call too long for it (much data over a slow link), not a
+    // peer that stopped: say so, and what to raise.
+    const auto now = std::chrono::steady_clock::now();
+    const auto idle_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_progress).count();
+    const auto ran_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - start_).count();
+    if (idle_ms < kStillMovingMs && ran_ms > 2 * idle_ms)
+      waiting += cat("; data still moved (the last slice ", idle_ms, " ms before the deadline, after ", ran_ms,
+                     " ms of the call): CHORUS_TIMEOUT_MS bounds each whole call, raise it for calls that move this "
+                     "much data over these links");
     throw Error(chorusTimeout, Subsys::Runtime, cat(describe_call(p_.rank, p_.header), ": timed out ", waiting));
   }
+
+  static constexpr int64_t kStillMovingMs = 1000;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 
   // Runs as many steps of lane l as are ready. Returns true if any ran.
   bool advance(size_t l) {

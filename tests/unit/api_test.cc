@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <bit>
 #include <chorus/chorus.hpp>
 #include <cmath>
@@ -546,6 +547,40 @@ TEST(Communicator, AbortFromAnotherThreadRacesCallsDestroyAndAbortSafely) {
       chorusCommAbort(c[1]);
     }
   }
+}
+
+TEST(Communicator, ACallLongerThanTheTimeoutWhileDataMovesSaysSo) {
+  // CHORUS_TIMEOUT_MS bounds a whole call. One that runs past it while its slices still arrive (here a large
+  // all-reduce over tcp under a 100 ms timeout) used to read like a stopped peer ("it is not receiving"); it now
+  // says data still moved and what to raise (helper-79, a slow link between emulated hosts).
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "100");
+  ScopedEnv tcp("CHORUS_TRANSPORTS", "tcp");
+  chorusComm_t c[2];
+  init_pair(c);
+  const size_t count = size_t{64} << 20;  // 256 MiB of floats per rank
+  std::vector<chorusResult_t> res(2);
+  std::vector<std::string> err(2);
+  std::vector<std::thread> ranks;
+  std::barrier filled(2);
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      std::vector<float> x(count, 1.0f);
+      filled.arrive_and_wait();  // then connect, within the timeout
+      float one = 1;
+      ASSERT_EQ(chorusAllReduce(&one, &one, 1, chorusFloat32, chorusSum, c[r], nullptr), chorusSuccess);
+      res[r] = chorusAllReduce(x.data(), x.data(), count, chorusFloat32, chorusSum, c[r], nullptr);
+      err[r] = chorusGetLastError(c[r]);
+    });
+  for (auto& t : ranks) t.join();
+  for (chorusComm_t comm : c) chorusCommAbort(comm);
+  if (res[0] == chorusSuccess && res[1] == chorusSuccess) GTEST_SKIP() << "256 MiB over tcp took under 100 ms here";
+  bool said = false;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(res[r] == chorusTimeout || res[r] == chorusRemoteError) << err[r];  // the first to time out tells
+    said |= err[r].find("data still moved") != std::string::npos &&
+            err[r].find("CHORUS_TIMEOUT_MS bounds each whole call") != std::string::npos;
+  }
+  EXPECT_TRUE(said) << err[0] << "\n" << err[1];
 }
 
 TEST(Communicator, ACallThatAnAbortEndsSaysSo) {
