@@ -133,6 +133,9 @@ class Transport {
   virtual bool can_connect(const PeerInfo& self, const PeerInfo& peer) const = 0;
   // Why this transport can reach no peer at all on this rank ("no RDMA device ..."), or "" when it may.
   virtual std::string unavailable_reason() const { return {}; }
+  // Why it cannot reach `peer` when can_connect() says no and unavailable_reason() is "" (tcp: a loopback address
+  // published across hosts), or "" when there is nothing more specific to say.
+  virtual std::string unreachable_reason(const PeerInfo& self, const PeerInfo& peer) const { return {}; }
   virtual std::vector<std::byte> prepare(const ConnectSpec& spec) = 0;
   virtual std::unique_ptr<Connection> connect(const ConnectSpec& spec, const std::vector<std::byte>& peer_data,
                                               Deadline deadline) = 0;

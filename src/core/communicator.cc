@@ -672,6 +672,7 @@ Transport& CommImpl::choose_transport(int peer) {
   std::string why;
   for (auto& t : transports_) {
     std::string r = t->unavailable_reason();
+    if (r.empty()) r = t->unreachable_reason(peers_[rank_], peers_[peer]);
     if (r.empty()) {
       // Transports that publish what they found (ucx, ibverbs) may be missing on the peer.
       const bool mine = peers_[rank_].transport_caps.count(t->name()) > 0;

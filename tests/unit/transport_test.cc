@@ -137,6 +137,34 @@ TEST(TcpTransport, APeerOnAnUnreachableNetworkIsAnErrorAtOnce) {
   }
 }
 
+TEST(TcpTransport, ALoopbackAddressAcrossHostsIsNotConnectedAndSaysWhy) {
+  // CHORUS_SOCKET_IFNAME=lo on one rank of a job over several hosts: the pair is refused alike on both ranks with
+  // the reason (it used to time out connecting to 127.0.0.1; helper-79).
+  std::unique_ptr<Transport> t = make_transport("tcp", Secret{});
+  PeerInfo a, b;
+  a.rank = 0;
+  a.host_id = "host-a";
+  a.tcp_addr = "10.213.0.1:4000";
+  b.rank = 1;
+  b.host_id = "host-b";
+  b.tcp_addr = "127.0.0.1:5000";
+  EXPECT_FALSE(t->can_connect(a, b));
+  EXPECT_FALSE(t->can_connect(b, a));
+  EXPECT_EQ(t->unreachable_reason(a, b), t->unreachable_reason(b, a));
+  EXPECT_EQ(t->unreachable_reason(a, b),
+            "rank 1 listens on the loopback address 127.0.0.1:5000, which another host cannot reach "
+            "(CHORUS_SOCKET_IFNAME=lo?)");
+  b.tcp_addr = "[::1]:5000";
+  EXPECT_FALSE(t->can_connect(a, b));
+  // On one host loopback is fine; between hosts, two routable addresses are.
+  b.host_id = a.host_id;
+  EXPECT_TRUE(t->can_connect(a, b));
+  b.host_id = "host-b";
+  b.tcp_addr = "10.213.0.2:5000";
+  EXPECT_TRUE(t->can_connect(a, b));
+  EXPECT_EQ(t->unreachable_reason(a, b), "");
+}
+
 // Two ranks of one communicator as two UCX transports of this process, connected through the slot interface.
 class UcxPair {
  public:

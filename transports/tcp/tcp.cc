@@ -187,7 +187,21 @@ class TcpTransport : public Transport {
 
   const char* name() const override { return "tcp"; }
   void describe(PeerInfo& self) const override { self.tcp_addr = sockaddr_to_string(listener_.local_addr()); }
-  bool can_connect(const PeerInfo&, const PeerInfo& peer) const override { return !peer.tcp_addr.empty(); }
+  bool can_connect(const PeerInfo& self, const PeerInfo& peer) const override {
+    return !peer.tcp_addr.empty() && unreachable_reason(self, peer).empty();
+  }
+  // A rank listening on loopback (CHORUS_SOCKET_IFNAME=lo) cannot be reached from another host, nor reach a rank
+  // there that connects back: refused for the pair, on both ranks alike, instead of a connect that times out.
+  std::string unreachable_reason(const PeerInfo& self, const PeerInfo& peer) const override {
+    if (self.host_id == peer.host_id) return {};
+    for (const PeerInfo* p : {&self, &peer}) {
+      const std::string host = p->tcp_addr.substr(0, p->tcp_addr.rfind(':'));
+      if (host.rfind("127.", 0) == 0 || host == "[::1]")
+        return cat("rank ", p->rank, " listens on the loopback address ", p->tcp_addr,
+                   ", which another host cannot reach (CHORUS_SOCKET_IFNAME=lo?)");
+    }
+    return {};
+  }
   std::vector<std::byte> prepare(const ConnectSpec&) override { return {}; }
 
   std::unique_ptr<Connection> connect(const ConnectSpec& s, const std::vector<std::byte>& peer_data,
