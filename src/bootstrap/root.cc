@@ -740,6 +740,13 @@ class RootService {
       close_conn(c);
       return;
     }
+    if (c.state == ConnState::Joined && !c.said_bye && !c.reported && gathers_failed_) {
+      // The job already failed and every rank was told: ranks end without a goodbye then (they abort), which says
+      // nothing new (it was logged as a death of each of them; helper-79).
+      CHORUS_INFO(Bootstrap, "root %s: rank %d (%s) left after the job failed", addr_.c_str(), c.rank, c.peer.c_str());
+      close_conn(c);
+      return;
+    }
     if (c.state == ConnState::Joined && !c.said_bye && !c.reported) {
       c.reported = true;
       std::string text = cat("rank ", c.rank, " (", c.peer,

@@ -690,6 +690,7 @@ TEST(Bootstrap, WrongSecretIsRefused) {
 
 TEST(Bootstrap, AbortedRankIsSeenAsFailedByEveryone) {
   UniqueIdData id = quick_root();
+  ::testing::internal::CaptureStderr();
   run_ranks(4, [&](int r) {
     auto bs = Bootstrap::join(id, r, 4, {}, Deadline::after_ms(5000));
     bs->barrier(0, Deadline::after_ms(5000));
@@ -709,7 +710,14 @@ TEST(Bootstrap, AbortedRankIsSeenAsFailedByEveryone) {
     Error e = caught([&] { bs->recv(2, 0, Deadline::after_ms(5000)); });
     EXPECT_EQ(e.code(), chorusRemoteError);
     EXPECT_TRUE(contains(e.what(), "without a goodbye"));
+    bs->abort();  // as a rank does after its call failed
   });
+  std::this_thread::sleep_for(300ms);  // the root sees the three leave
+  // Only rank 2's leaving is a failure; the others leave a job that already failed (each was logged as a death).
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const size_t first = log.find("without a goodbye");
+  EXPECT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find("without a goodbye", first + 1), std::string::npos) << log;
 }
 
 TEST(Bootstrap, LosingTheRootIsAFailure) {
