@@ -422,7 +422,10 @@ int main(int argc, char** argv) {
       int st;
       pid_t p;
       while ((p = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED)) > 0) ended.push_back({p, st});
-      std::stable_partition(ended.begin(), ended.end(), [](const auto& e) { return WIFSIGNALED(e.second); });
+      // (An exit status above 128 is how a shell wrapper reports its child's death by a signal.)
+      std::stable_partition(ended.begin(), ended.end(), [](const auto& e) {
+        return WIFSIGNALED(e.second) || (WIFEXITED(e.second) && WEXITSTATUS(e.second) > 128);
+      });
     }
     for (const auto& [pid, status] : ended) {
       for (int r = 0; r < n; ++r) {

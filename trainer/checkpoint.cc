@@ -117,7 +117,7 @@ std::string meta_text(const CheckpointMeta& m) {
     << "rng " << m.rng.s[0] << " " << m.rng.s[1] << " " << m.rng.s[2] << " " << m.rng.s[3] << "\n"
     << "drawn " << m.drawn << "\n"
     << "training " << m.training << "\n";
-  for (const auto& [name, value] : m.collectives) s << "collectives " << name << " " << value << "\n";
+  for (const auto& [name, value] : m.collectives) s << "collectives " << name << "=" << value << "\n";
   s << "history " << m.history.size() << "\n";
   char line[96];
   for (const HistoryRow& h : m.history) {
@@ -329,11 +329,13 @@ CheckpointMeta read_meta(const std::string& dir) {
         in >> m.rng.s[0] >> m.rng.s[1] >> m.rng.s[2] >> m.rng.s[3];
       } else if (key == "drawn") {
         in >> m.drawn;
-      } else if (key == "collectives") {
-        std::string name, value;
-        in >> name >> std::ws;
-        std::getline(in, value);
-        m.collectives.emplace_back(name, value);
+      } else if (key == "collectives") {  // NAME=value to the end of the line, the value as it was set
+        std::string line;
+        in.get();  // the one space after the key
+        std::getline(in, line);
+        const size_t eq = line.find('=');
+        if (eq == std::string::npos) throw std::runtime_error("malformed value of 'collectives'");
+        m.collectives.emplace_back(line.substr(0, eq), line.substr(eq + 1));
       } else if (key == "history") {
         in >> nhist;
         for (size_t i = 0; i < nhist && in; ++i) {

@@ -535,15 +535,23 @@ class RunLock {
                                "): wait for it to end, or pass another --out");
     }
     const std::string pid = std::to_string(::getpid()) + "\n";
-    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size()))
-      throw std::runtime_error("--out: cannot write '" + path + "': " + std::strerror(errno));
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+      const int err = errno;
+      ::close(fd_);  // the lock with it: this run does not go on
+      throw std::runtime_error("--out: cannot write '" + path + "': " + std::strerror(err));
+    }
   }
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
   ~RunLock() {
     std::error_code ec;
-    if (created_ && std::distance(fs::directory_iterator(out_, ec), fs::directory_iterator()) == 1)
-      fs::remove_all(out_, ec);  // only the lock: the run failed before writing anything
+    size_t entries = 0;
+    bool only_lock = true;
+    for (const auto& e : fs::directory_iterator(out_, ec)) {
+      ++entries;
+      only_lock &= e.path().filename() == "lock";
+    }
+    if (created_ && !ec && entries == 1 && only_lock) fs::remove_all(out_, ec);  // the run failed before writing
     ::close(fd_);
   }
 
@@ -572,25 +580,39 @@ int run(const Options& o) {
   Dist dist = world ? Dist(*world, shard_group) : Dist();
 
   // A model whose state cannot fit is refused before anything is allocated: an allocation the kernel's overcommit
-  // lets through would be killed later, or swap the machine to a standstill (helper-77). Its state is fp32
-  // parameters, gradients and two AdamW moments, sharded over the ranks (dense by FSDP, experts by expert parallelism).
+  // lets through would be killed later, or swap the machine to a standstill (helper-77). A rank holds fp32
+  // parameters, gradients and two AdamW moments of its dense shard (FSDP over its shard group) and of its experts
+  // (over every rank); the ranks on one host share its memory. Every rank stops alike when any host is short.
   {
     const ModelConfig& mc = o.train.model;
-    double numel = 0;
-    for (const Unit& u : make_layout(mc)) numel += double(u.numel);
+    mc.validate();  // the sizes below must be sane first (--moe-every 0 divided by zero)
+    double dense = 0;
+    for (const Unit& u : make_layout(mc)) dense += double(u.numel);
     const int moe_blocks = mc.n_experts > 0 ? mc.n_layers / mc.moe_every : 0;
-    numel += double(moe_blocks) * mc.n_experts * 2.0 * mc.d_model * mc.d_expert;
-    const double per_rank = 16.0 * numel / dist.nranks();
+    const double experts = double(moe_blocks) * mc.n_experts * 2.0 * mc.d_model * mc.d_expert;
+    int here = 1;
+    if (world) {
+      const uint64_t mine = host_identity();
+      std::vector<uint64_t> all(world->size());
+      world->all_gather(std::span<const uint64_t>(&mine, 1), std::span<uint64_t>(all));
+      here = int(std::count(all.begin(), all.end(), mine));
+    }
+    const double per_rank = 16.0 * (dense / dist.shard_size() + experts / dist.nranks());
     const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-    if (per_rank > ram) {
-      char text[320];
+    int short_hosts = per_rank * here > ram;
+    if (world) world->all_reduce(std::span<int>(&short_hosts, 1), chorus::Op::Sum);
+    if (per_rank * here > ram) {
+      char text[400];
       std::snprintf(text, sizeof(text),
                     "the model (--d-model, --layers, --d-ff, --experts, --d-expert) has %.3g parameters: their state "
-                    "(fp32 parameters, gradients and AdamW moments) needs %.1f GiB per rank over %d rank(s), more "
-                    "than this machine's %.1f GiB of memory",
-                    numel, per_rank / (1 << 30), dist.nranks(), ram / (1 << 30));
+                    "(fp32 parameters, gradients and AdamW moments) needs %.1f GiB per rank, %.1f GiB for the %d "
+                    "rank(s) on this host, more than its %.1f GiB of memory",
+                    dense + experts, per_rank / (1 << 30), per_rank * here / (1 << 30), here, ram / (1 << 30));
       throw std::invalid_argument(text);
     }
+    if (short_hosts > 0)
+      throw std::invalid_argument(
+          "the model's state does not fit another host's memory (its ranks' errors say how much)");
   }
   const Corpus corpus = Corpus::load(o.data, o.val_fraction, size_t(o.train.model.seq_len) + 1);
   Trainer trainer(o.train, corpus, dist);
@@ -627,7 +649,7 @@ int run(const Options& o) {
     for (const std::string& d : incomplete_checkpoints(ckpt_root))
       std::fprintf(stderr,
                    "chorus-trainer: warning: '%s' has no meta.txt (cut short or damaged): not a checkpoint, passed "
-                   "over; the next checkpoint removes it\n",
+                   "over; the next checkpoint written removes it\n",
                    d.c_str());
   if (world) agree_on_checkpoints(*world, trainer, ckpt_root, resume_dir);
   if (resume_dir.empty() && !latest_checkpoint(ckpt_root).empty()) {

@@ -368,6 +368,12 @@ class RootService {
       if (c->state == ConnState::Joined || c->state == ConnState::Closed || !c->deadline.passed()) continue;
       if (c->state == ConnState::Rejected) {
         close_conn(*c);
+      } else if (c->state == ConnState::AwaitJoin && phase_ == Phase::Gathering) {
+        // A rank (it holds the secret) that went silent before its Join, its host gone without a FIN: as a close.
+        const std::string text = cat("a rank's connection from ", c->peer, " authenticated but did not join within ",
+                                     options_.auth_timeout_ms, " ms: its process or host stopped");
+        close_conn(*c);
+        fail(-1, text);
       } else {
         CHORUS_WARN(
             Bootstrap, "root %s: refused connection from %s: %s within %d ms", addr_.c_str(), c->peer.c_str(),
@@ -910,7 +916,7 @@ std::atomic<pid_t> g_root_process{0};
 
 // After a job failed, what the ranks still connected may need of the root: the status questions of their timeout
 // diagnosis, which ends about 2 s after the failure (at most 10 s with thousands of ranks).
-constexpr int64_t kFailedJobExitWaitMs = 5000;
+constexpr int64_t kFailedJobExitWaitMs = 10000;
 
 // The process that hosts a root must not take it down while ranks elsewhere still use it (rank 0 often finishes
 // first): at exit, wait for every joined rank to say goodbye or die, for at most CHORUS_TIMEOUT_MS, or
@@ -941,7 +947,8 @@ void wait_for_roots_at_exit() {
     if (reg.busy > 0 && reg.busy == reg.busy_failed && ms > kFailedJobExitWaitMs) {
       CHORUS_INFO(Bootstrap, "process exit: the jobs still served failed; waiting at most %lld ms more",
                   static_cast<long long>(kFailedJobExitWaitMs));
-      reg.cv.wait_for(lock, std::chrono::milliseconds(kFailedJobExitWaitMs), [&] { return reg.busy == 0; });
+      reg.cv.wait_for(lock, std::chrono::milliseconds(std::min<int64_t>(kFailedJobExitWaitMs, until.remaining_ms())),
+                      [&] { return reg.busy == 0; });
       return;
     }
   }
@@ -961,7 +968,7 @@ sockaddr_storage start_root(const sockaddr_storage& bind_addr, const Secret& sec
     if (g_root_process.load() != getpid()) {
       // The first root of this process (or of a child forked after its parent served some): the counts it
       // inherited belong to service threads that do not run here.
-      registry().busy = registry().running = 0;
+      registry().busy = registry().busy_failed = registry().running = 0;
       registry().serving.clear();
       g_root_process = getpid();
     }

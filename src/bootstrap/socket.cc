@@ -52,7 +52,12 @@ short wait_fd(int fd, short events, Deadline deadline) {
   }
 }
 
-bool retryable_connect_error(int err) { return err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNRESET; }
+// Refused, timed out or reset: the peer may not listen yet. Out of ephemeral ports or buffers: transient. Anything
+// else (network or host unreachable: no route, or no answer to ARP) retrying does not fix.
+bool retryable_connect_error(int err) {
+  return err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNRESET || err == EADDRNOTAVAIL || err == EAGAIN ||
+         err == ENOBUFS;
+}
 
 struct IfaddrsDeleter {
   void operator()(ifaddrs* p) const { freeifaddrs(p); }

@@ -142,14 +142,15 @@ class Run {
     }
     // Flush: messages committed to a pumped transport must leave before the call returns.
     for (uint64_t idle2 = 1;; ++idle2) {
-      bool idle_all = true;
+      bool idle_all = true, moved = false;
       Blocked pending;
       for (Connection* c : *p_.all_conns) {
-        c->progress();
+        moved |= c->progress();
         if (!c->send_idle()) pending = {c, false};
         idle_all &= c->send_idle();
       }
       if (idle_all) break;
+      if (moved) idle_since = std::chrono::steady_clock::now();
       wait_a_little(idle2, idle_since, pending);
     }
   }
@@ -255,14 +256,15 @@ class Run {
       waiting += cat(" (channel ", prog_.lanes[l].channel, ", step ", lanes_[l].step, " ", algo::opcode_name(s.op),
                      ", slice ", lanes_[l].slice, ")");
     }
+    if (waiting.empty()) waiting = "sending its last slices (the peers have not taken them)";  // the flush
     // A deadline that passes while slices still arrive is a call too long for it (much data over a slow link), not a
     // peer that stopped: say so, and what to raise.
     const auto now = std::chrono::steady_clock::now();
     const auto idle_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_progress).count();
     const auto ran_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - start_).count();
     if (idle_ms < kStillMovingMs && ran_ms > 2 * idle_ms)
-      waiting += cat("; data still moved (the last slice ", idle_ms, " ms before the deadline, after ", ran_ms,
-                     " ms of the call): CHORUS_TIMEOUT_MS bounds each whole call, raise it for calls that move this "
+      waiting += cat("; data still moved (last ", idle_ms, " ms before this, ", ran_ms,
+                     " ms into the call): CHORUS_TIMEOUT_MS bounds each whole call, raise it for calls that move this "
                      "much data over these links");
     throw Error(chorusTimeout, Subsys::Runtime, cat(describe_call(p_.rank, p_.header), ": timed out ", waiting));
   }

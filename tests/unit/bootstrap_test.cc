@@ -880,6 +880,17 @@ TEST(Bootstrap, ARankGoneBetweenAuthenticatingAndJoiningFailsTheRendezvousAtOnce
   EXPECT_EQ(waiting_error.code(), chorusRemoteError);
   EXPECT_TRUE(contains(waiting_error.what(), "closed after authenticating, before joining: its process died"))
       << waiting_error.what();
+
+  // One that stays connected but silent (its host gone without closing) fails it at the authentication deadline.
+  UniqueIdData quiet = quick_root(/*auth_timeout_ms=*/300);
+  ::testing::internal::CaptureStderr();
+  std::thread waiting2([&] { waiting_error = caught([&] { Bootstrap::join(quiet, 0, 2, {}, deadline); }); });
+  std::this_thread::sleep_for(100ms);
+  Socket silent = raw_client(quiet);
+  waiting2.join();
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(deadline.passed()) << waiting_error.what();
+  EXPECT_TRUE(contains(waiting_error.what(), "authenticated but did not join within 300 ms")) << waiting_error.what();
 }
 
 TEST(Bootstrap, RootRejectsOutOfRangeRankOnTheWire) {
