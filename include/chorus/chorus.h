@@ -184,8 +184,9 @@ chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank);
 chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError);
 
 /* A sum whose every input is first multiplied by *scalar (read as `datatype` when the op is created), as NCCL's
- * ncclRedOpCreatePreMulSum; each product is rounded to `datatype` once, whichever rank multiplies it. The op belongs to `comm`: a call with it on another communicator, with another
- * datatype, or after chorusRedOpDestroy is chorusInvalidArgument. Op values are unique in the process. */
+ * ncclRedOpCreatePreMulSum; each product is rounded to `datatype` once, whichever rank multiplies it. The op belongs to
+ * `comm`: a call with it on another communicator, with another datatype, or after chorusRedOpDestroy is
+ * chorusInvalidArgument. Op values are unique in the process. */
 chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, chorusDataType_t datatype,
                                           chorusScalarResidence_t residence, chorusComm_t comm);
 chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm);
