@@ -154,8 +154,10 @@ TEST(TcpTransport, ALoopbackAddressAcrossHostsIsNotConnectedAndSaysWhy) {
   EXPECT_EQ(t->unreachable_reason(a, b),
             "rank 1 listens on the loopback address 127.0.0.1:5000, which another host cannot reach "
             "(CHORUS_SOCKET_IFNAME=lo?)");
-  b.tcp_addr = "[::1]:5000";
-  EXPECT_FALSE(t->can_connect(a, b));
+  for (const char* loopback : {"[::1]:5000", "[::ffff:127.0.0.1]:5000", "127.0.1.1:5000"}) {
+    b.tcp_addr = loopback;
+    EXPECT_FALSE(t->can_connect(a, b)) << loopback;
+  }
   // On one host loopback is fine; between hosts, two routable addresses are.
   b.host_id = a.host_id;
   EXPECT_TRUE(t->can_connect(a, b));

@@ -196,7 +196,7 @@ class TcpTransport : public Transport {
     if (self.host_id == peer.host_id) return {};
     for (const PeerInfo* p : {&self, &peer}) {
       const std::string host = p->tcp_addr.substr(0, p->tcp_addr.rfind(':'));
-      if (host.rfind("127.", 0) == 0 || host == "[::1]")
+      if (host.rfind("127.", 0) == 0 || host == "[::1]" || host.rfind("[::ffff:127.", 0) == 0)
         return cat("rank ", p->rank, " listens on the loopback address ", p->tcp_addr,
                    ", which another host cannot reach (CHORUS_SOCKET_IFNAME=lo?)");
     }
