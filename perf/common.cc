@@ -1014,7 +1014,7 @@ void print_settings(const std::string& algorithm) {
     line += std::string(" ") + p.name + "=" + chorus::param_str(p.id);
     if (p.id == Param::Algo && !algorithm.empty()) line += " (-A comes first)";
   }
-  std::printf("# settings:%s\n", line.empty() ? " defaults (no CHORUS_* setting is set)" : line.c_str());
+  std::printf("# settings:%s\n", line.empty() ? " defaults (no known CHORUS_* setting is set)" : line.c_str());
   for (const chorus::UnknownSetting& u : chorus::unknown_settings())
     std::printf("# %s is not a setting: ignored%s\n", u.name.c_str(), u.suggestion(" (", ")").c_str());
 }

@@ -10,10 +10,10 @@ bash scripts/setup-deps.sh
 bash scripts/build.sh chorusrun all_reduce_perf all_gather_perf chorus-trainer
 bin=build/release
 echo
-echo "== chorusrun -n 4 all_reduce_perf -b 8 -e 64M -f 2 -c 1"
+echo "== chorusrun -n 4 all_reduce_perf -b 8 -e 64M -f 2 -c 1 -n 20 -w 5"
 "$bin/chorusrun" -n 4 "$bin/perf/all_reduce_perf" -b 8 -e 64M -f 2 -c 1 -n 20 -w 5
 echo
-echo "== chorusrun -n 4 all_gather_perf -b 1K -e 64M -f 4 -c 1"
+echo "== chorusrun -n 4 all_gather_perf -b 1K -e 64M -f 4 -c 1 -n 20 -w 5"
 "$bin/chorusrun" -n 4 "$bin/perf/all_gather_perf" -b 1K -e 64M -f 4 -c 1 -n 20 -w 5
 echo
 echo "== chorusrun -n 4 chorus-trainer --steps 300   (FSDP over 4 ranks, 4 experts per MoE block, docs/trainer.md)"
