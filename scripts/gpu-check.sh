@@ -47,7 +47,7 @@ die() { printf 'gpu-check: %s\n' "$1" >&2; exit 1; }
 echo "# Chorus GPU check"
 echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 if [ -n "$prebuilt" ]; then
-  [ -f "$prebuilt/COMMIT" ] && [ -d "$prebuilt/bin" ] || die "--prebuilt $prebuilt: not a pack of scripts/gpu-pack.sh"
+  [ -f "$prebuilt/COMMIT" ] && [ -f "$prebuilt/bin.tar.gz" ] || die "--prebuilt $prebuilt: not a pack of scripts/gpu-pack.sh"
   prebuilt=$(cd "$prebuilt" && pwd)
   echo "commit: $(cat "$prebuilt/COMMIT") (built by scripts/gpu-pack.sh on another machine; $(cat "$prebuilt/NEEDS"))"
 elif git -C "$root" rev-parse --git-dir > /dev/null 2>&1; then
@@ -69,9 +69,12 @@ if [ -n "$prebuilt" ]; then
   # The sources travel beside the pack: refuse a pack of other sources (a stale pack would report on old code).
   (cd "$root" && sha256sum --quiet --check "$prebuilt/SOURCES.sha256") > "$logs.sources.log" 2>&1 \
     || { head -n 20 "$logs.sources.log"; die "the pack was built from other sources than this tree (files above): rerun scripts/gpu-pack.sh"; }
-  chmod +x "$prebuilt"/bin/* 2> /dev/null || true  # in case a copy dropped the modes
-  bin="$prebuilt/bin"
-  perf="$prebuilt/bin"
+  unpacked=$(mktemp -d)  # the programs, unpacked outside the pack (and outside the logs that travel back)
+  trap 'rm -rf "$unpacked"' EXIT
+  tar -xzf "$prebuilt/bin.tar.gz" -C "$unpacked" || die "--prebuilt $prebuilt: cannot unpack bin.tar.gz"
+  chmod +x "$unpacked"/bin/* 2> /dev/null || true  # in case a copy dropped the modes
+  bin="$unpacked/bin"
+  perf="$unpacked/bin"
   export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if ! "$bin/chorus_gpu_tests" --gtest_list_tests > "$logs.load.log" 2>&1; then
     # The machine's C++ runtime is older than the one the pack was built with: use the packed one.

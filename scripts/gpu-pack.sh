@@ -6,8 +6,9 @@
 #   bash scripts/gpu-check.sh --prebuilt .gpu-pack
 #
 # The pack (.gpu-pack/, ignored by git):
-#   bin/       chorus_gpu_tests, gpu_mp_worker, chorusrun, bench_cuda_kernels, bench_cuda_collectives
-#              (Release, CUDA sm_90 machine code plus compute_90 PTX, UCX and ibverbs off: none is needed on one GPU)
+#   bin.tar.gz chorus_gpu_tests, gpu_mp_worker, chorusrun, bench_cuda_kernels, bench_cuda_collectives
+#              (Release, CUDA sm_90 machine code plus compute_90 PTX, UCX and ibverbs off: none is needed on one GPU),
+#              gzipped: each program links the whole library, 50 MiB together, 18 MiB packed; gpu-check unpacks it
 #   lib/       the shared libraries they load that are not the C library's own (libcudart, libhwloc, libcrypto ...)
 #   fallback/  this machine's libstdc++ and libgcc_s, used there only when the machine's own are too old
 #   COMMIT     the commit, and whether the working tree differed from it
@@ -74,10 +75,12 @@ git ls-files -z --cached --others --exclude-standard -- ':!docs/' ':!*.md' | xar
 glibc=$(for b in "$pack"/bin/* "$pack"/lib/*; do objdump -T "$b"; done | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1)
 glibcxx=$(for b in "$pack"/bin/*; do objdump -T "$b"; done | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -n 1)
 echo "needs: $glibc, $glibcxx" > "$pack/NEEDS"
+ls -l "$pack/bin" "$pack/lib"
+tar -C "$pack" -czf "$pack/bin.tar.gz" bin
+rm -rf "$pack/bin"
 size_mib=$(( ($(du -sb "$pack" | cut -f1) + $(git ls-files -z | xargs -0 du -cb | tail -n 1 | cut -f1)) >> 20 ))
 echo "gpu-pack: $pack ($(du -sh "$pack" | cut -f1); with the tree ${size_mib} MiB of the 64 the device tool carries)"
 echo "gpu-pack: commit $(cat "$pack/COMMIT"); $(cat "$pack/NEEDS")"
-ls -l "$pack/bin" "$pack/lib"
 [ "$size_mib" -le "$max_mib" ] || { echo "gpu-pack: the pack is larger than ${max_mib} MiB" >&2; exit 1; }
 echo "gpu-pack: check it here with: bash scripts/gpu-check.sh --prebuilt .gpu-pack --check-pack"
 echo "gpu-pack: on the GPU machine run: bash scripts/gpu-check.sh --prebuilt .gpu-pack"
