@@ -40,6 +40,8 @@ namespace fs = std::filesystem;
 using namespace trainer;
 
 constexpr int kExitFailed = 1, kExitUsage = 2;
+// The flags that size the model and its activations (named when an allocation fails).
+constexpr const char* kSizeFlags = "--d-model, --d-ff, --layers, --experts, --d-expert, --batch, --seq-len";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -342,11 +344,17 @@ uint64_t host_identity() {
   return h;
 }
 
-// --hybrid: ranks per host, which must come in equal blocks of consecutive ranks.
-int ranks_per_host(chorus::Comm& world) {
+// Every rank's host_identity(), in rank order (collective).
+std::vector<uint64_t> host_identities(chorus::Comm& world) {
   const uint64_t mine = host_identity();
   std::vector<uint64_t> all(world.size());
   world.all_gather(std::span<const uint64_t>(&mine, 1), std::span<uint64_t>(all));
+  return all;
+}
+
+// --hybrid: ranks per host, which must come in equal blocks of consecutive ranks.
+int ranks_per_host(chorus::Comm& world) {
+  const std::vector<uint64_t> all = host_identities(world);
   int g = 1;
   while (g < int(all.size()) && all[g] == all[0]) ++g;
   for (size_t i = 0; i < all.size(); ++i)
@@ -512,6 +520,40 @@ void agree_on_checkpoints(chorus::Comm& world, const Trainer& trainer, const std
   }
 }
 
+// A model whose state cannot fit is refused before anything is allocated: an allocation the kernel's overcommit lets
+// through would be killed later, or swap the machine to a standstill (helper-77). A rank holds fp32 parameters,
+// gradients and two AdamW moments of its dense shard (FSDP over its shard group) and of its experts (over every
+// rank); the ranks on one host share its memory. Every rank stops alike when any host is short (collective when
+// `world` is set). Throws std::invalid_argument.
+void refuse_state_beyond_memory(const ModelConfig& mc, const Dist& dist, chorus::Comm* world) {
+  mc.validate();  // the sizes below must be sane first (--moe-every 0 divided by zero)
+  double dense = 0, experts = 0;
+  for (const Unit& u : make_layout(mc)) dense += double(u.numel);
+  for (int l = 0; l < mc.n_layers; ++l)
+    if (mc.is_moe_block(l)) experts += double(mc.n_experts) * 2.0 * mc.d_model * mc.d_expert;  // MoeLayer's
+  int here = 1;
+  if (world) {
+    const std::vector<uint64_t> all = host_identities(*world);
+    here = int(std::count(all.begin(), all.end(), all[size_t(world->rank())]));
+  }
+  const double per_rank = 16.0 * (dense / dist.shard_size() + experts / dist.nranks());
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  int short_hosts = per_rank * here > ram;
+  if (world) world->all_reduce(std::span<int>(&short_hosts, 1), chorus::Op::Sum);
+  if (per_rank * here > ram) {
+    char text[400];
+    std::snprintf(text, sizeof(text),
+                  "the model (--d-model, --layers, --d-ff, --experts, --d-expert) has %.3g parameters: their state "
+                  "(fp32 parameters, gradients and AdamW moments) needs %.1f GiB per rank, %.1f GiB for the %d "
+                  "rank(s) on this host, more than its %.1f GiB of memory",
+                  dense + experts, per_rank / (1 << 30), per_rank * here / (1 << 30), here, ram / (1 << 30));
+    throw std::invalid_argument(text);
+  }
+  if (short_hosts > 0)
+    throw std::invalid_argument(
+        "the model's state does not fit another host's memory (its ranks' errors say how much)");
+}
+
 // One run per --out at a time: two would publish over each other's checkpoints (helper-77). Rank 0 holds an
 // exclusive flock on <out>/lock, with its pid inside, for the whole run; the kernel releases it when the process
 // ends, killed or not. Taking it also finds an --out that cannot be written before any training. A directory this
@@ -579,41 +621,7 @@ int run(const Options& o) {
   if (o.hybrid && world) shard_group = ranks_per_host(*world);
   Dist dist = world ? Dist(*world, shard_group) : Dist();
 
-  // A model whose state cannot fit is refused before anything is allocated: an allocation the kernel's overcommit
-  // lets through would be killed later, or swap the machine to a standstill (helper-77). A rank holds fp32
-  // parameters, gradients and two AdamW moments of its dense shard (FSDP over its shard group) and of its experts
-  // (over every rank); the ranks on one host share its memory. Every rank stops alike when any host is short.
-  {
-    const ModelConfig& mc = o.train.model;
-    mc.validate();  // the sizes below must be sane first (--moe-every 0 divided by zero)
-    double dense = 0;
-    for (const Unit& u : make_layout(mc)) dense += double(u.numel);
-    const int moe_blocks = mc.n_experts > 0 ? mc.n_layers / mc.moe_every : 0;
-    const double experts = double(moe_blocks) * mc.n_experts * 2.0 * mc.d_model * mc.d_expert;
-    int here = 1;
-    if (world) {
-      const uint64_t mine = host_identity();
-      std::vector<uint64_t> all(world->size());
-      world->all_gather(std::span<const uint64_t>(&mine, 1), std::span<uint64_t>(all));
-      here = int(std::count(all.begin(), all.end(), mine));
-    }
-    const double per_rank = 16.0 * (dense / dist.shard_size() + experts / dist.nranks());
-    const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-    int short_hosts = per_rank * here > ram;
-    if (world) world->all_reduce(std::span<int>(&short_hosts, 1), chorus::Op::Sum);
-    if (per_rank * here > ram) {
-      char text[400];
-      std::snprintf(text, sizeof(text),
-                    "the model (--d-model, --layers, --d-ff, --experts, --d-expert) has %.3g parameters: their state "
-                    "(fp32 parameters, gradients and AdamW moments) needs %.1f GiB per rank, %.1f GiB for the %d "
-                    "rank(s) on this host, more than its %.1f GiB of memory",
-                    dense + experts, per_rank / (1 << 30), per_rank * here / (1 << 30), here, ram / (1 << 30));
-      throw std::invalid_argument(text);
-    }
-    if (short_hosts > 0)
-      throw std::invalid_argument(
-          "the model's state does not fit another host's memory (its ranks' errors say how much)");
-  }
+  refuse_state_beyond_memory(o.train.model, dist, world.get());
   const Corpus corpus = Corpus::load(o.data, o.val_fraction, size_t(o.train.model.seq_len) + 1);
   Trainer trainer(o.train, corpus, dist);
   const double unigram = unigram_baseline(corpus);
@@ -808,12 +816,10 @@ int main(int argc, char** argv) {
     return kExitUsage;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
-                 "chorus-trainer: error: out of memory: the model or batch is too large for this machine (see "
-                 "--d-model, --d-ff, --layers, --experts, --d-expert, --batch, --seq-len)\n");
+                 "chorus-trainer: error: out of memory: the model or batch is too large for this machine (see %s)\n",
+                 kSizeFlags);
   } catch (const std::length_error&) {
-    std::fprintf(stderr,
-                 "chorus-trainer: error: the model or batch is too large to allocate (see --d-model, --d-ff, "
-                 "--layers, --experts, --d-expert, --batch, --seq-len)\n");
+    std::fprintf(stderr, "chorus-trainer: error: the model or batch is too large to allocate (see %s)\n", kSizeFlags);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorus-trainer: error: %s\n", e.what());
   }

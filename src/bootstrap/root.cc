@@ -369,11 +369,9 @@ class RootService {
       if (c->state == ConnState::Rejected) {
         close_conn(*c);
       } else if (c->state == ConnState::AwaitJoin && phase_ == Phase::Gathering) {
-        // A rank (it holds the secret) that went silent before its Join, its host gone without a FIN: as a close.
-        const std::string text = cat("a rank's connection from ", c->peer, " authenticated but did not join within ",
-                                     options_.auth_timeout_ms, " ms: its process or host stopped");
-        close_conn(*c);
-        fail(-1, text);
+        // Silent before its Join, its host gone without a FIN: as a close.
+        fail_unjoined(*c, cat("authenticated but did not join within ", options_.auth_timeout_ms,
+                              " ms: its process or host stopped"));
       } else {
         CHORUS_WARN(
             Bootstrap, "root %s: refused connection from %s: %s within %d ms", addr_.c_str(), c->peer.c_str(),
@@ -764,20 +762,22 @@ class RootService {
       return;
     }
     if (c.state == ConnState::AwaitJoin && phase_ == Phase::Gathering) {
-      // It proved it holds the job's secret, so it was a rank: its process died (or it gave up) between
-      // authenticating and joining. It will not join, so the rendezvous cannot complete: the ranks waiting learn it
-      // now instead of at their timeout.
-      std::string text = cat("a rank's connection from ", c.peer,
-                             " closed after authenticating, before joining: its process died or it gave up");
-      if (!os_error.empty()) text += cat(" (", os_error, ")");
-      close_conn(c);
-      fail(-1, text);
+      fail_unjoined(c, cat("closed after authenticating, before joining: its process died or it gave up",
+                           os_error.empty() ? "" : cat(" (", os_error, ")")));
       return;
     }
     if (c.state == ConnState::AwaitJoin)
       CHORUS_WARN(Bootstrap, "root %s: connection from %s closed after authenticating, before joining", addr_.c_str(),
                   c.peer.c_str());
     close_conn(c);
+  }
+
+  // A connection that proved it holds the job's secret, so a rank's, and that will not join (`why`): the rendezvous
+  // cannot complete, and the ranks waiting learn it now instead of at their timeout.
+  void fail_unjoined(Conn& c, const std::string& why) {
+    const std::string text = cat("a rank's connection from ", c.peer, " ", why);
+    close_conn(c);
+    fail(-1, text);
   }
 
   void protocol_error(Conn& c, const std::string& why) {
