@@ -7,6 +7,8 @@
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +16,9 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "core/config.h"
 #include "core/error.h"
@@ -25,6 +29,46 @@ namespace chorus {
 namespace {
 
 std::string errno_text(int err) { return std::strerror(err); }
+
+// The descriptors that Sockets own. In a child forked without exec each is replaced by /dev/null: the child cannot
+// use its parent's communicators (their threads did not survive the fork), and a connection it kept open would hide
+// its parent's death from every peer for as long as the child lives (a data-loader worker, say). Replacing rather
+// than closing keeps the numbers taken, so a Socket the child destroys later closes its own /dev/null, not a
+// descriptor the child has opened since.
+class OwnedDescriptors {
+ public:
+  static OwnedDescriptors& get() {
+    static OwnedDescriptors* d = [] {
+      auto* o = new OwnedDescriptors;  // never destroyed: a fork may come during static destruction
+      pthread_atfork([] { get().mu_.lock(); }, [] { get().mu_.unlock(); }, [] { get().release_in_child(); });
+      return o;
+    }();
+    return *d;
+  }
+  void add(int fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fds_.insert(fd);
+  }
+  void remove(int fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fds_.erase(fd);
+  }
+
+ private:
+  // Runs in the child, on the thread that forked, with mu_ held since the prepare handler; only async-signal-safe
+  // calls (open, dup3, close, socket).
+  void release_in_child() {
+    int placeholder = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (placeholder < 0) placeholder = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    for (int fd : fds_)
+      if (placeholder < 0 || ::dup3(placeholder, fd, O_CLOEXEC) < 0) ::close(fd);
+    if (placeholder >= 0) ::close(placeholder);
+    mu_.unlock();
+  }
+
+  std::mutex mu_;
+  std::unordered_set<int> fds_;
+};
 
 [[noreturn]] void throw_sys(const std::string& what, int err) {
   throw Error(chorusSystemError, Subsys::Bootstrap, cat(what, ": ", errno_text(err)));
@@ -91,8 +135,13 @@ Socket& Socket::operator=(Socket&& other) noexcept {
   return *this;
 }
 
+Socket::Socket(int fd) : fd_(fd) {
+  if (fd_ >= 0) OwnedDescriptors::get().add(fd_);
+}
+
 void Socket::close() {
   if (fd_ >= 0) {
+    OwnedDescriptors::get().remove(fd_);
     ::close(fd_);  // never retried on EINTR: on Linux the descriptor is released either way
     fd_ = -1;
   }

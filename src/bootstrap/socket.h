@@ -20,7 +20,9 @@
 namespace chorus {
 
 // A connected or listening TCP socket. Move-only; closes its descriptor on destruction. Every socket is created
-// close-on-exec, and sends never raise SIGPIPE.
+// close-on-exec, and sends never raise SIGPIPE. A child forked without exec lets go of every Socket's connection at
+// once (its descriptors then read /dev/null), so a rank that forked a worker and died is still seen as gone by its
+// peers, who see its connections close, and not only once the worker exits.
 //
 // Thread-safety: one thread may send while another receives on the same socket; shutdown() may be called from any
 // thread while others are blocked in send_all/recv_all (it wakes them). Two concurrent senders (or receivers) must
@@ -28,7 +30,7 @@ namespace chorus {
 class Socket {
  public:
   Socket() = default;
-  explicit Socket(int fd) : fd_(fd) {}
+  explicit Socket(int fd);  // takes ownership of `fd` (>= 0)
   ~Socket() { close(); }
   Socket(Socket&& other) noexcept : fd_(other.release()) {}
   Socket& operator=(Socket&& other) noexcept;

@@ -5,6 +5,9 @@
 //              dtypes and ops; each rank computes its own expected result
 //   kill       a large all-reduce during which rank 2 SIGKILLs itself; the others must fail naming rank 2 in < 10 s
 //   kill-root  the same with rank 0, whose process hosts the bootstrap root under a launcher
+//   kill-forked / kill-root-forked
+//              the same, but the victim first forks a child (no exec) that outlives it by 30 s, holding copies of
+//              its descriptors: the others must still name it within 10 s
 //   stop       small all-reduces during which rank 2 stops itself (SIGSTOP); the others' errors (run with a short
 //              CHORUS_TIMEOUT_MS) must lead with rank 2 not answering, not the neighbour each waited for
 //   mismatch-count / mismatch-dtype
@@ -16,6 +19,7 @@
 //   intruder   rank 1 connects to the rendezvous port without the secret (garbage, then idle) before joining;
 //              the job must still complete
 #include <chorus/chorus.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -265,12 +269,20 @@ int run_matrix(chorusComm_t comm) {
   return 0;
 }
 
-int run_kill(chorusComm_t comm, int victim) {
+int run_kill(chorusComm_t comm, int victim, bool forked_child) {
   // Large all-reduces back to back, so that whenever the victim dies the others are inside one, however fast they
   // run.
   const size_t count = size_t{64} << 20;  // 256 MiB of floats per rank
   std::vector<float> buf(count, 1.0f);
   if (g_rank == victim) {
+    if (forked_child && fork() == 0) {
+      // A worker forked without exec, as a data loader's: it holds copies of every descriptor the rank had when it
+      // forked, and outlives it. Its output goes nowhere, so the launcher does not wait for it.
+      const int null = open("/dev/null", O_RDWR);
+      for (int fd = 0; fd <= 2; ++fd) dup2(null, fd);
+      sleep(30);
+      _exit(0);
+    }
     std::thread worker([&] {
       for (int i = 0; i < 1000; ++i)
         if (chorusAllReduce(buf.data(), buf.data(), count, chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess)
@@ -482,10 +494,10 @@ int main(int argc, char** argv) {
   int rc = 1;
   if (mode == "matrix")
     rc = run_matrix(comm);
-  else if (mode == "kill")
-    rc = run_kill(comm, 2);
-  else if (mode == "kill-root")
-    rc = run_kill(comm, 0);
+  else if (mode == "kill" || mode == "kill-forked")
+    rc = run_kill(comm, 2, mode == "kill-forked");
+  else if (mode == "kill-root" || mode == "kill-root-forked")
+    rc = run_kill(comm, 0, mode == "kill-root-forked");
   else if (mode == "stop")
     rc = run_stop(comm);
   else if (mode == "group")

@@ -111,6 +111,18 @@ TEST_P(Fault, KilledRankHostingTheRootIsNamedByTheOthers) {
   EXPECT_EQ(r.out.find("was also killed"), std::string::npos) << r.out;
 }
 
+// A rank that forked a worker (no exec) and then died: the worker's copies of its connections must not hide the
+// death. Killed ranks were seen as gone only when the worker exited (30 s here), and survivors waited until then.
+TEST(Faults, AKilledRanksForkedChildDoesNotHideItsDeath) {
+  for (const auto& [net, mode, victim] :
+       {std::make_tuple(kShm, "kill-forked", 2), std::make_tuple(kTcp, "kill-forked", 2),
+        std::make_tuple(kShm, "kill-root-forked", 0)}) {
+    Result r = run(launch(4, net, mode));
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_EQ(count_of(r.out, "kill: error names rank " + std::to_string(victim)), 3) << mode << "\n" << r.out;
+  }
+}
+
 // A stopped rank (SIGSTOP: alive, silent) is what every other rank's timeout leads with; each one's own wait, often
 // for a neighbour that is waiting too, follows as "seen here as". chorusrun's timeout then ends the stopped rank.
 TEST(Faults, AStoppedRankLeadsTheOthersTimeoutErrors) {
