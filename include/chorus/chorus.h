@@ -19,6 +19,10 @@
  *    A call made while another thread's call on the same communicator is in progress is chorusInvalidUsage.
  *    Calls from several threads that do not overlap are not detected: they are the caller's to order, and if
  *    they reach the ranks in different orders with the same arguments, nothing can tell them apart.
+ *  - fork: a child forked (without exec) from a process that holds communicators cannot use them, their requests,
+ *    nor destroy or abort them: chorusInvalidUsage (its copies are its parent's; it makes communicators of its
+ *    own). The child lets go of its copies of their connections at once, so that the parent's peers still see
+ *    the parent's death when the child outlives it.
  *  - All ranks of a communicator call its collectives in the same order with matching arguments. A mismatch
  *    (different collective, count, dtype, op or root) is detected and reported on every rank: the mismatched call
  *    fails on every rank that exchanges a message with a mismatched peer; a rank whose own messages all matched may
@@ -160,6 +164,13 @@ chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId);
  * have joined or CHORUS_TIMEOUT_MS passes. On failure *comm is left as it was and chorusGetLastError(NULL) says why
  * (as for chorusCommInitFromEnv). */
 chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank);
+/* Initialises all `nranks` ranks of one new job in this process (ranks as threads, as ncclCommInitAll makes the
+ * communicators of one process's GPUs): comms[r] is rank r, for r in [0, nranks). `comms` has room for `nranks`
+ * handles. Each rank joins the rendezvous from a thread of its own, which has ended when this returns; any thread may
+ * then drive the communicators, one thread all of them inside chorusGroupStart/End. comms NULL or nranks < 1:
+ * chorusInvalidArgument. If any rank fails to initialise, none is kept, `comms` is untouched, and the error (that
+ * rank's code) names the rank. Thread-safe; blocks until every rank has joined or failed. */
+chorusResult_t chorusCommInitAll(chorusComm_t* comms, int nranks);
 /* Init from the launcher's environment: torchrun (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK),
  * Open MPI (OMPI_COMM_WORLD_*), Slurm (SLURM_*), PMI (PMI_*); CHORUS_RANK, CHORUS_NRANKS, CHORUS_ROOT_ADDR
  * (host:port) and CHORUS_SECRET (32 hex digits) override them. chorusrun sets the CHORUS_* ones. */
@@ -171,7 +182,7 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm);
  * this rank's wait for the new communicator's rendezvous within milliseconds, and the members already waiting there
  * are told why. */
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm);
-/* Waits for outstanding operations, then frees the communicator. */
+/* Waits for outstanding operations, then frees the communicator. NULL: chorusSuccess, nothing to free (as NCCL). */
 chorusResult_t chorusCommDestroy(chorusComm_t comm);
 /* Stops outstanding operations (they fail) and frees the communicator; returns within a bounded time. From any
  * thread, also while another thread is inside a call on comm: that call fails and returns, and the communicator is

@@ -25,6 +25,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace chorus {
 
@@ -169,6 +170,15 @@ class Comm {
     chorusComm_t c = nullptr;
     check(chorusCommInitFromEnv(&c));
     return Comm(c);
+  }
+  // Every rank of a new job in this process (ranks as threads): element r is rank r.
+  static std::vector<Comm> all(int nranks) {
+    std::vector<chorusComm_t> c(nranks > 0 ? static_cast<size_t>(nranks) : 0);
+    check(chorusCommInitAll(c.data(), nranks));
+    std::vector<Comm> out;
+    out.reserve(c.size());
+    for (chorusComm_t h : c) out.push_back(Comm(h));
+    return out;
   }
   Comm(Comm&& o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
   Comm& operator=(Comm&& o) noexcept {

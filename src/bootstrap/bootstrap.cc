@@ -474,6 +474,16 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
     throw Error(chorusInvalidUsage, Subsys::Bootstrap,
                 cat("rank ", rank, ": this unique id was already used: ", closed,
                     "; a unique id serves one communicator (make a new one with chorusGetUniqueId)"));
+  // The same, found while joining: a root of this process that stopped meanwhile ended its job without this rank (a
+  // second rank with this rank's number, say, after the rendezvous completed), which is why the connection failed.
+  auto ended_without_this_rank = [&](const Error& e) -> std::optional<Error> {
+    const std::string closed = root_closed_here(id.secret);
+    if (closed.empty()) return std::nullopt;
+    return Error(chorusInvalidUsage, Subsys::Bootstrap,
+                 cat("rank ", rank, ": the rendezvous of this unique id ended while this rank was joining: ", closed,
+                     " (did another rank join as rank ", rank,
+                     ", or was the unique id used again? a unique id serves one communicator; here: ", e.what(), ")"));
+  };
   Socket sock;
   ConnectRetries retries(cat("rank ", rank, ": the bootstrap root at ", root_text));
   // In 1 s slices: between them the stop check (if any) may end the retries (the root may be gone with it), and a
@@ -484,6 +494,7 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
       sock = Socket::connect(id.root, slice);
       break;
     } catch (const Error& e) {
+      if (auto ended = ended_without_this_rank(e)) throw *ended;
       if (!retries.retry(e, slice, deadline))
         throw Error(e.code(), Subsys::Bootstrap,
                     cat("rank ", rank, ": cannot reach the bootstrap root: ", retries.why(e)));
@@ -500,6 +511,7 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
                   cat("rank ", rank, ": timed out after ", waited.count(), " ms waiting for the rendezvous at ",
                       root_text, " (", e.what(), ")"));
     }
+    if (auto ended = ended_without_this_rank(e)) throw *ended;
     throw with_rank(e);
   }
   CHORUS_TRACE(Bootstrap, "rank %d: joined the rendezvous at %s; waiting for %d ranks", rank, root_text.c_str(),
@@ -528,6 +540,7 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
       // A frame, once started, arrives whole: finish it even if the join deadline passes meanwhile.
       f = read_frame(sock, Deadline::after_ms(io_timeout_ms));
     } catch (const Error& e) {
+      if (auto ended = ended_without_this_rank(e)) throw *ended;
       throw Error(e.code(), Subsys::Bootstrap,
                   cat("rank ", rank, ": lost the bootstrap root at ", root_text, " during the rendezvous: ", e.what()));
     }

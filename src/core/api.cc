@@ -2,17 +2,21 @@
 // chorusGetLastError. Nothing throws across it.
 #include <chorus/chorus.h>
 
+#include <pthread.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -35,6 +39,10 @@ struct chorusComm {
   // live have left, so chorusCommAbort from a watchdog thread never frees what another thread is using.
   std::atomic<int> users{0};
   int rank = -1;  // the rank, kept after destroy (the handle is never freed): error texts name it
+  // The process that made it, as the number of forks seen so far (g_forks) and its pid: a forked child's copy
+  // belongs to the parent.
+  uint64_t forks = 0;
+  pid_t pid = 0;
   // Where a communicator made by chorusCommSplit came from, after its rank in every error text:
   // " (split color 1 of rank 3)", nested for a split of a split. Empty for one made by an init.
   std::string origin;
@@ -57,6 +65,19 @@ std::unordered_set<const chorusRequest*> g_requests;
 
 namespace chorus {
 namespace {
+
+// Forks this process descends from: incremented in every child, so that a handle made before the fork is known to
+// be the parent's.
+std::atomic<uint64_t> g_forks{0};
+const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1, std::memory_order_relaxed); });
+
+void refuse_parents_handle(const chorusComm* comm) {
+  if (comm != nullptr && comm->forks != g_forks.load(std::memory_order_relaxed))
+    throw Error(chorusInvalidUsage, Subsys::Core,
+                cat("comm was made by process ", comm->pid,
+                    ", which then forked this one: a forked child cannot use, destroy or abort its parent's "
+                    "communicators or requests (make a communicator of its own)"));
+}
 
 thread_local std::string t_last_error;
 
@@ -116,6 +137,7 @@ class Live {
  public:
   explicit Live(chorusComm* comm) : comm_(comm) {
     if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
+    refuse_parents_handle(comm);
     comm->users.fetch_add(1);
     impl_ = comm->impl.load();
     if (impl_ == nullptr) {
@@ -137,6 +159,8 @@ class Live {
 chorusComm* wrap(std::unique_ptr<CommImpl> impl) {
   auto* c = new chorusComm;
   c->rank = impl->rank();
+  c->forks = g_forks.load(std::memory_order_relaxed);
+  c->pid = getpid();
   c->impl.store(impl.release(), std::memory_order_release);
   return c;
 }
@@ -436,6 +460,76 @@ chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId
   });
 }
 
+chorusResult_t chorusCommInitAll(chorusComm_t* comms, int nranks) {
+  return guarded(nullptr, [&] {
+    if (nranks < 1) throw Error(chorusInvalidArgument, Subsys::Core, cat("nranks=", nranks, " must be at least 1"));
+    if (comms == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comms is NULL");
+    warn_unknown_settings_once();
+    const UniqueIdData id = create_unique_id();
+    // Each rank joins the rendezvous from a thread of its own (an init blocks until every rank has joined). The
+    // threads start only once all of them exist, so a thread that cannot be created leaves no rank waiting for it;
+    // a rank that was made while another failed is freed by its own thread, alongside the others.
+    const auto n = static_cast<size_t>(nranks);
+    std::vector<std::unique_ptr<CommImpl>> made(n);
+    std::vector<std::optional<Error>> failed(n);
+    std::mutex mu;
+    std::condition_variable cv;
+    enum class Gate { Wait, Go, Stop } start = Gate::Wait, finish = Gate::Wait;
+    int done = 0;
+    auto await = [&](const Gate& g) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return g != Gate::Wait; });
+      return g;
+    };
+    auto open = [&](Gate& g, Gate to) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        g = to;
+      }
+      cv.notify_all();
+    };
+    std::vector<std::thread> threads;
+    threads.reserve(n);
+    std::string spawn_error;
+    try {
+      for (size_t r = 0; r < n; ++r)
+        threads.emplace_back([&, r] {
+          if (await(start) == Gate::Stop) return;
+          try {
+            made[r] = std::make_unique<CommImpl>(id, nranks, static_cast<int>(r));
+          } catch (const Error& e) {
+            failed[r] = e;
+          } catch (const std::bad_alloc&) {
+            failed[r] = Error(chorusSystemError, Subsys::Core, "out of memory");
+          } catch (const std::exception& e) {
+            failed[r] = Error(chorusInternalError, Subsys::Core, cat("internal error: ", e.what()));
+          }
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            ++done;
+          }
+          cv.notify_all();
+          if (await(finish) == Gate::Stop) made[r].reset();
+        });
+    } catch (const std::system_error& e) {
+      spawn_error = cat("cannot start a thread for rank ", threads.size(), " of ", nranks, ": ", e.what());
+    }
+    open(start, spawn_error.empty() ? Gate::Go : Gate::Stop);
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return !spawn_error.empty() || done == nranks; });
+    }
+    const auto first = std::find_if(failed.begin(), failed.end(), [](const auto& f) { return f.has_value(); });
+    open(finish, spawn_error.empty() && first == failed.end() ? Gate::Go : Gate::Stop);
+    for (std::thread& t : threads) t.join();
+    if (!spawn_error.empty()) throw Error(chorusSystemError, Subsys::Core, spawn_error);
+    if (first != failed.end())
+      throw Error((*first)->code(), (*first)->subsys(),
+                  cat("rank ", first - failed.begin(), " of ", nranks, " failed to initialise: ", (*first)->what()));
+    for (size_t r = 0; r < n; ++r) comms[r] = wrap(std::move(made[r]));
+  });
+}
+
 chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
   return guarded(nullptr, [&] {
     if (comm == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "comm is NULL");
@@ -474,6 +568,7 @@ chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm
 }
 
 chorusResult_t chorusCommDestroy(chorusComm_t comm) {
+  if (comm == nullptr) return chorusSuccess;  // as ncclCommDestroy(NULL): cleanup code may destroy what it never made
   // A retired handle stays allocated (retire), so its error text can be set even after a failed second destroy.
   const chorusResult_t r = guarded(comm, [&] {
     const Live use(comm);
@@ -833,16 +928,25 @@ chorusResult_t chorusGroupEnd(void) {
     p.result = r;
     if (r != chorusSuccess) p.error = t_last_error;
   };
+  // The communicators in the order they first appear, then those whose only calls were collectives refused when
+  // they were made: they have nothing to run, but their refusal stops the other ranks this thread drives.
+  std::vector<chorusComm*> comms;
+  auto add_comm = [&](chorusComm* c) {
+    if (c != nullptr && std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
+  };
+  for (const GroupOp& g : ops) add_comm(g.comm);
+  for (const GroupState::Refusal& f : refused_on)
+    if (f.collective) add_comm(f.comm);
   std::vector<Program> programs;
-  for (const GroupOp& first : ops) {
-    if (std::any_of(programs.begin(), programs.end(), [&](const Program& p) { return p.comm == first.comm; })) continue;
+  for (chorusComm* comm : comms) {
     Program& p = programs.emplace_back();
-    p.comm = first.comm;
-    p.stream = first.stream;
+    p.comm = comm;
     CollArgs p2p;
     p2p.coll = algo::Coll::SendRecv;
+    bool first = true;
     for (GroupOp& g : ops) {
-      if (g.comm != first.comm) continue;
+      if (g.comm != comm) continue;
+      if (std::exchange(first, false)) p.stream = g.stream;
       if (g.coll)
         p.calls.push_back(std::move(*g.coll));
       else
@@ -1123,6 +1227,7 @@ chorusResult_t chorusTest(chorusRequest_t request, int* done) {
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
     if (done == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "done is NULL");
     if (!r.state) throw not_a_live_request();
+    refuse_parents_handle(r.comm);
     std::lock_guard<std::mutex> lock(r.state->mu);
     *done = r.state->done ? 1 : 0;
     if (r.state->done && r.state->result != chorusSuccess) throw Error(r.state->result, Subsys::Core, r.state->error);
@@ -1135,6 +1240,7 @@ chorusResult_t chorusWait(chorusRequest_t request, int64_t timeout_ms) {
   const chorusResult_t result = guarded(r.comm, [&] {
     if (request == nullptr) throw Error(chorusInvalidArgument, Subsys::Core, "request is NULL");
     if (!r.state) throw not_a_live_request();
+    refuse_parents_handle(r.comm);
     RequestState& st = *r.state;
     std::unique_lock<std::mutex> lock(st.mu);
     if (timeout_ms < 0) {
@@ -1159,10 +1265,13 @@ chorusResult_t chorusRequestFree(chorusRequest_t request) {
   if (request == nullptr) return chorusSuccess;
   {
     std::lock_guard<std::mutex> lock(g_requests_mu);
-    if (g_requests.erase(request) == 0) {
+    if (g_requests.count(request) == 0) {
       set_error(nullptr, not_a_live_request().what());
       return chorusInvalidUsage;
     }
+    if (const chorusResult_t r = guarded(nullptr, [&] { refuse_parents_handle(request->comm); }); r != chorusSuccess)
+      return r;  // its operation runs in the parent: waiting for it here would never end
+    g_requests.erase(request);
   }
   // Only this thread can reach it now.
   {

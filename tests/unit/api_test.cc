@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "algorithms/algorithms.h"
 #include "core/config.h"
+#include "core/error.h"
 #include "kernels/cpu/reduce.h"
 #include "tests/common/world.h"
 
@@ -472,6 +474,133 @@ TEST(BadInput, NullCommunicator) {
   float v = 0;
   EXPECT_EQ(chorusAllReduce(&v, &v, 1, chorusFloat32, chorusSum, nullptr, nullptr), chorusInvalidArgument);
   EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("comm"), std::string::npos);
+  EXPECT_EQ(chorusCommDestroy(nullptr), chorusSuccess);  // as ncclCommDestroy(NULL)
+}
+
+// A forked child's copies of its parent's communicators and requests are refused, whatever it calls, and its calls
+// leave the parent's communicators working.
+TEST(Fork, AChildCannotUseDestroyOrAbortItsParentsCommunicators) {
+  chorusComm_t c[2];
+  ASSERT_EQ(chorusCommInitAll(c, 2), chorusSuccess) << chorusGetLastError(nullptr);
+  std::vector<float> v0(64, 1.0f), v1(64, 2.0f);
+  chorusRequest_t req = nullptr;
+  ASSERT_EQ(chorusIallReduce(v0.data(), v0.data(), v0.size(), chorusFloat32, chorusSum, c[0], &req), chorusSuccess);
+  const pid_t child = fork();
+  if (child == 0) {
+    // Only async-signal-safe reporting here: the exit status says which check failed.
+    int n = 0, done = 0;
+    float x = 0;
+    if (chorusCommCount(c[0], &n) != chorusInvalidUsage) _exit(2);
+    if (chorusAllReduce(&x, &x, 1, chorusFloat32, chorusSum, c[1], nullptr) != chorusInvalidUsage) _exit(3);
+    if (std::string(chorusGetLastError(nullptr)).find("forked") == std::string::npos) _exit(4);
+    if (chorusTest(req, &done) != chorusInvalidUsage || chorusWait(req, -1) != chorusInvalidUsage) _exit(5);
+    if (chorusRequestFree(req) != chorusInvalidUsage) _exit(6);
+    if (chorusCommDestroy(c[0]) != chorusInvalidUsage || chorusCommAbort(c[1]) != chorusInvalidUsage) _exit(7);
+    _exit(0);
+  }
+  int status = -1;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  ASSERT_EQ(chorusAllReduce(v1.data(), v1.data(), v1.size(), chorusFloat32, chorusSum, c[1], nullptr), chorusSuccess)
+      << chorusGetLastError(c[1]);
+  ASSERT_EQ(chorusWait(req, -1), chorusSuccess) << chorusGetLastError(c[0]);
+  EXPECT_EQ(chorusRequestFree(req), chorusSuccess);
+  EXPECT_EQ(v0, std::vector<float>(64, 3.0f));
+  EXPECT_EQ(v1, std::vector<float>(64, 3.0f));
+  std::thread t([&] { EXPECT_EQ(chorusCommDestroy(c[1]), chorusSuccess); });
+  EXPECT_EQ(chorusCommDestroy(c[0]), chorusSuccess);
+  t.join();
+}
+
+// chorusCommInitAll makes every rank of a job from one call, and one thread then drives them all in a group.
+TEST(InitAll, EveryRankFromOneCallAndOneThreadDrivesThemInAGroup) {
+  constexpr int N = 4;
+  constexpr size_t count = 1000;
+  chorusComm_t c[N] = {};
+  ASSERT_EQ(chorusCommInitAll(c, N), chorusSuccess) << chorusGetLastError(nullptr);
+  std::vector<std::vector<float>> data(N, std::vector<float>(count));
+  for (int r = 0; r < N; ++r) {
+    int rank = -1, n = 0;
+    ASSERT_EQ(chorusCommUserRank(c[r], &rank), chorusSuccess);
+    ASSERT_EQ(chorusCommCount(c[r], &n), chorusSuccess);
+    EXPECT_EQ(rank, r);
+    EXPECT_EQ(n, N);
+    for (size_t i = 0; i < count; ++i) data[r][i] = static_cast<float>((r + 1) * 1000 + i);
+  }
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  for (int r = 0; r < N; ++r)
+    ASSERT_EQ(chorusAllReduce(data[r].data(), data[r].data(), count, chorusFloat32, chorusSum, c[r], nullptr),
+              chorusSuccess);
+  ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(nullptr);
+  for (int r = 0; r < N; ++r) {
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(data[r][i], static_cast<float>(10000 + 4 * i)) << "rank " << r << " element " << i;
+    }
+  }
+  for (chorusComm_t comm : c) EXPECT_EQ(chorusCommDestroy(comm), chorusSuccess);
+  // The C++ layer: element r is rank r.
+  std::vector<chorus::Comm> comms = chorus::Comm::all(3);
+  ASSERT_EQ(comms.size(), 3u);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(comms[static_cast<size_t>(r)].rank(), r);
+}
+
+TEST(BadInput, InitAllNamesItsArgumentsAndLeavesCommsUntouched) {
+  chorusComm_t c[2] = {reinterpret_cast<chorusComm_t>(0x1), reinterpret_cast<chorusComm_t>(0x2)};
+  EXPECT_EQ(chorusCommInitAll(c, 0), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("nranks=0"), std::string::npos);
+  EXPECT_EQ(chorusCommInitAll(nullptr, 2), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("comms is NULL"), std::string::npos);
+  {
+    // Every rank fails here (a bad setting): none is kept, the error is the rank's own code and names it.
+    ScopedEnv algo("CHORUS_ALGO", "allreduce:0-:nosuch");
+    EXPECT_EQ(chorusCommInitAll(c, 2), chorusInvalidArgument);
+    const std::string err = chorusGetLastError(nullptr);
+    EXPECT_NE(err.find("rank 0 of 2 failed to initialise"), std::string::npos) << err;
+    EXPECT_NE(err.find("CHORUS_ALGO"), std::string::npos) << err;
+  }
+  EXPECT_EQ(c[0], reinterpret_cast<chorusComm_t>(0x1));
+  EXPECT_EQ(c[1], reinterpret_cast<chorusComm_t>(0x2));
+}
+
+// Two threads init as rank 1 of a 2-rank job. Whenever the second arrives (before the rendezvous completes, after,
+// or after the job has ended and its root stopped), it is told it is a second rank 1 or that the rendezvous ended
+// without it: never a lost root (chorusSystemError) or a timeout (helper-82).
+TEST(BadInput, ARankThatJoinsTwiceIsToldSoWheneverItArrives) {
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "30000");
+  for (int trial = 0; trial < 8; ++trial) {
+    chorusUniqueId id;
+    ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+    const int ranks[3] = {0, 1, 1};
+    chorusResult_t result[3];
+    std::string text[3];
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t)
+      threads.emplace_back([&, t] {
+        if (t == 2) std::this_thread::sleep_for(std::chrono::milliseconds(trial % 4));  // arrive at other moments
+        chorusComm_t c = nullptr;
+        result[t] = chorusCommInitRank(&c, 2, id, ranks[t]);
+        text[t] = chorusGetLastError(nullptr);
+        if (result[t] == chorusSuccess) {
+          EXPECT_EQ(chorusCommDestroy(c), chorusSuccess);
+        }
+      });
+    for (auto& t : threads) t.join();
+    int ok = 0;
+    for (int t = 0; t < 3; ++t) {
+      if (result[t] == chorusSuccess) {
+        ++ok;
+        continue;
+      }
+      EXPECT_TRUE(result[t] == chorusInvalidUsage || result[t] == chorusRemoteError)
+          << "trial " << trial << " thread " << t << ": " << chorusGetErrorString(result[t]) << ": " << text[t];
+      EXPECT_TRUE(text[t].find("rank 1 has already joined") != std::string::npos ||
+                  text[t].find("have joined") != std::string::npos ||
+                  text[t].find("ended while this rank was joining") != std::string::npos ||
+                  text[t].find("this unique id was already used") != std::string::npos)
+          << "trial " << trial << " thread " << t << ": " << text[t];
+    }
+    EXPECT_TRUE(ok == 0 || ok == 2) << "trial " << trial;
+  }
 }
 
 TEST(BadInput, InvalidRankAtInit) {
@@ -1570,6 +1699,42 @@ TEST(GroupedCollectives, ARefusalOnOneRankOfAGroupDrivingThemAllEndsEveryRanksCa
     EXPECT_EQ(chorusAllReduce(&b[r], &b[r], 1, chorusFloat32, chorusSum, w.comm(r), nullptr), chorusSuccess);
   ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(nullptr);
   for (int r = 0; r < n; ++r) EXPECT_EQ(b[r], 60.0f);
+}
+
+TEST(GroupedCollectives, ARefusalOfARanksOnlyCallInAGroupDrivingThemAllEndsEveryRanksCalls) {
+  // As above, but the refused call is the bad rank's only one, so it has nothing queued: the others' all-reduces
+  // used to run and wait for it until the timeout (helper-82), breaking their communicators.
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "20000");
+  constexpr int n = 3;
+  World w(n);
+  for (int bad = 0; bad < n; ++bad) {
+    std::vector<float> a(n);
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    for (int r = 0; r < n; ++r) {
+      a[r] = r + 1.0f;
+      EXPECT_EQ(chorusAllReduce(&a[r], &a[r], 1, chorusFloat32, r == bad ? static_cast<chorusRedOp_t>(42) : chorusSum,
+                                w.comm(r), nullptr),
+                r == bad ? chorusInvalidArgument : chorusSuccess);
+    }
+    EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument) << chorusGetLastError(nullptr);
+    for (int r = 0; r < n; ++r) {
+      const std::string text = chorusGetLastError(w.comm(r));
+      if (r != bad) {
+        EXPECT_NE(text.find(cat("rank ", bad, " of this communicator, in this group too, runs none of its calls")),
+                  std::string::npos)
+            << text;
+      }
+      EXPECT_NE(text.find("op"), std::string::npos) << text;
+      EXPECT_EQ(text.find("timed out"), std::string::npos) << text;
+      EXPECT_EQ(a[r], r + 1.0f);
+    }
+    // Nothing ran and nothing broke.
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    for (int r = 0; r < n; ++r)
+      EXPECT_EQ(chorusAllReduce(&a[r], &a[r], 1, chorusFloat32, chorusSum, w.comm(r), nullptr), chorusSuccess);
+    ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(nullptr);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(a[r], 6.0f);
+  }
 }
 
 TEST(GroupedCollectives, ARefusedCollectiveKeepsTheSendsAndReceivesOfItsCommunicatorFromRunning) {
