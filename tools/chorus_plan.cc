@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ namespace {
 
 using namespace chorus;
 using namespace chorus::algo;
+
+// Programs hold every rank's steps (O(N^2) for ring and one-shot): 8192 ranks already take gigabytes.
+constexpr int kMaxPlanRanks = 8192;
+// More sizes than a table can show (a --step just above 1).
+constexpr size_t kMaxPlanSizes = 10000;
 
 constexpr const char* kUsage =
     "usage: chorus-plan --coll NAME --bytes LO[:HI] [options]\n"
@@ -167,8 +173,7 @@ int main(int argc, char** argv) {
       tune_file = value;
       tune_given = true;
     } else if (flag == "--nranks") {
-      // Programs hold every rank's steps (O(N^2) for ring and one-shot): 8192 ranks already take gigabytes.
-      nranks = parse_int_flag(f, value, 1, 8192);
+      nranks = parse_int_flag(f, value, 1, kMaxPlanRanks);
       synthetic_given = true;
     } else if (flag == "--hosts") {
       hosts = parse_int_flag(f, value, 1, 1 << 20);
@@ -241,8 +246,12 @@ int main(int argc, char** argv) {
       try {
         topology = topo::load_file(topo_file);
       } catch (const Error& e) {
-        usage_error(cat("--topo: ", e.what()));
+        usage_error(cat(topo_given ? "--topo" : "CHORUS_TOPO_FILE", ": ", e.what()));
       }
+      // As --nranks: programs hold every rank's steps, and past 8192 ranks they take more memory than a host has.
+      if (topology.nranks() > kMaxPlanRanks)
+        usage_error(cat(topo_given ? "--topo" : "CHORUS_TOPO_FILE", ": ", topo_file, " has ", topology.nranks(),
+                        " ranks; chorus-plan plans at most ", kMaxPlanRanks));
       topo_what = topo_file;
     } else {
       if (nranks % hosts != 0) usage_error(cat("--nranks ", nranks, " is not a multiple of --hosts ", hosts));
@@ -254,7 +263,7 @@ int main(int argc, char** argv) {
       try {
         topo::apply_tune_file(topology, tune_file);
       } catch (const Error& e) {
-        usage_error(cat("--tune: ", e.what()));
+        usage_error(cat(tune_given ? "--tune" : "CHORUS_TUNE_FILE", ": ", e.what()));
       }
     }
     const int n = topology.nranks();
@@ -273,9 +282,18 @@ int main(int argc, char** argv) {
     }
     AlgoOverrides overrides;
     const char* spec = std::getenv("CHORUS_ALGO");
-    if (spec && *spec) overrides = parse_algo_overrides(spec);
+    // The data type the selector sees: with CHORUS_FP32_PARTIALS=1 a narrow-float reduction runs as a float32 call
+    // on widened copies (chorus-plan plans a sum), and the selector and CHORUS_ALGO's size ranges see its bytes.
+    size_t sel_esz = esz;
+    bool widened = false;
     try {
+      if (spec && *spec) overrides = parse_algo_overrides(spec);
       if (switch_setting(Param::Deterministic)) add_deterministic_rules(overrides);
+      const auto t = static_cast<chorusDataType_t>(dtype);
+      widened = switch_setting(Param::Fp32Partials) &&
+                (coll == Coll::AllReduce || coll == Coll::ReduceScatter || coll == Coll::Reduce) &&
+                (t == chorusFloat16 || t == chorusBfloat16 || t == chorusFloat8e4m3 || t == chorusFloat8e5m2);
+      if (widened) sel_esz = dtype_size(chorusFloat32);
     } catch (const Error& e) {
       usage_error(e.what());
     }
@@ -288,6 +306,11 @@ int main(int argc, char** argv) {
                 coll_name(coll), dtype_text.c_str(), n, topology.nhosts(), nch, human_bytes(sim.slice_bytes).c_str(),
                 sim.fifo_depth);
     std::printf("# topology: %s%s%s\n", topo_what.c_str(), tune_file.empty() ? "" : ", tuning ", tune_file.c_str());
+    if (widened)
+      std::printf(
+          "# CHORUS_FP32_PARTIALS=1: %s runs as a float32 call on widened copies; the choice is the float32 "
+          "call's\n",
+          dtype_text.c_str());
     if (spec && *spec) std::printf("# CHORUS_ALGO=%s\n", spec);
     if (!algo.empty()) std::printf("# --algo %s\n", algo.c_str());
 
@@ -299,6 +322,9 @@ int main(int argc, char** argv) {
       if (bytes > hi) break;
       const size_t count = static_cast<size_t>(bytes / per_count);
       if (counts.empty() || counts.back() != count) counts.push_back(count);
+      if (counts.size() > kMaxPlanSizes)
+        usage_error(cat("--bytes ", bytes_text, " with --step ", step, " gives more than ", kMaxPlanSizes,
+                        " sizes (take a larger --step)"));
       if (b == 0) b = 1;
     }
 
@@ -321,7 +347,7 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t count : counts) {
       const auto choice =
-          selector.choose(coll, count, esz, static_cast<int>(root), algo.empty() ? nullptr : algo.c_str());
+          selector.choose(coll, count, sel_esz, static_cast<int>(root), algo.empty() ? nullptr : algo.c_str());
       const uint64_t bytes = selection_bytes(coll, count, esz, n);
       std::printf("  %12llu %12zu", static_cast<unsigned long long>(bytes), count);
       // --choice-only: the chosen program's prediction at the count the selector decided at (named: none).
@@ -333,7 +359,7 @@ int main(int argc, char** argv) {
       else if (choice->reason == ChoiceReason::CostModel && choice->count == count)
         candidates = choice->candidates;
       else
-        candidates = selector.evaluate(coll, count, esz, static_cast<int>(root));
+        candidates = selector.evaluate(coll, count, sel_esz, static_cast<int>(root));
       for (const Candidate& c : candidates) {
         if (!c.applicable) {  // with --choice-only, only a named algorithm: it has no prediction
           std::printf(" | %10s %8s %8s", choice_only ? "named" : "n/a", "", "");
@@ -377,6 +403,9 @@ int main(int argc, char** argv) {
     return failures == 0 ? 0 : 1;
   } catch (const Error& e) {
     std::fprintf(stderr, "chorus-plan: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "chorus-plan: out of memory (programs hold every rank's steps: plan fewer ranks)\n");
     return 1;
   }
 }

@@ -80,6 +80,7 @@ int parse_int(const std::string& text, const char* name) {
   // The whole text is the number: no space or '+' around it (from_chars takes neither), as the settings parse.
   int v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc::result_out_of_range) bad(cat(name, "='", text, "' is out of range for an int"));
   if (ec != std::errc() || end != text.data() + text.size()) bad(cat(name, "='", text, "' is not an integer"));
   return v;
 }

@@ -148,6 +148,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
     overrides = algo::parse_algo_overrides(param_str(Param::Algo));
     if (switch_setting(Param::Deterministic)) algo::add_deterministic_rules(overrides);
     fp32_partials_ = switch_setting(Param::Fp32Partials);
+    cuda_direct_ = switch_setting(Param::CudaDirect);
     // From the secret alone: every rank has the same secret, while the root address each rank resolved itself may
     // differ (a host name that resolves to 127.0.1.1 on its own host).
     comm_id_ = fnv1a(id.secret.data(), id.secret.size());
@@ -174,7 +175,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
           " CHORUS_TRANSPORTS=", param_str(Param::Transports), " CHORUS_ALGO=", param_str(Param::Algo),
           " CHORUS_DETERMINISTIC=", param_int(Param::Deterministic),
           " CHORUS_FP32_PARTIALS=", param_int(Param::Fp32Partials), " CHORUS_TOPO_FILE=", param_str(Param::TopoFile),
-          " CHORUS_TUNE_FILE=", param_str(Param::TuneFile));
+          " CHORUS_TUNE_FILE=", param_str(Param::TuneFile), " CHORUS_CUDA_DIRECT=", cuda_direct_ ? 1 : 0);
 
   bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_), check_stop);
   // Past the rendezvous every peer's init succeeds; a failure here must reach them, or their first call would wait
@@ -204,8 +205,13 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
     // A split's communicator takes its parent's view (the file describes the parent's ranks); only the first
     // communicator dumps it.
     topo::Topology view = topology ? *topology : make_topology();
-    if (rank == 0 && !topology && param_is_set(Param::TopoDumpFile))
-      topo::dump_file(view, param_str(Param::TopoDumpFile));
+    if (rank == 0 && !topology && param_is_set(Param::TopoDumpFile)) {
+      try {
+        topo::dump_file(view, param_str(Param::TopoDumpFile));
+      } catch (const Error& e) {
+        bad_arg(cat("CHORUS_TOPO_DUMP_FILE=", param_str(Param::TopoDumpFile), ": ", e.what()));
+      }
+    }
     selector_ = shared_selector(comm_id_, nranks, self.settings, [&] {
       return std::make_shared<algo::Selector>(std::move(view), algo::SimOptions{slice_bytes_, fifo_depth_}, nchannels_,
                                               std::move(overrides));

@@ -127,6 +127,8 @@ int64_t parse_size(const std::string& text, const char* what) {
   // from_chars, unlike strtoll, takes no leading space or '+': the whole text is the number and its suffix.
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc::result_out_of_range && text[0] != '-')
+    throw Error(chorusInvalidArgument, Subsys::Core, cat(what, "='", text, "' is too large"));
   if (ec != std::errc() || end == text.data() || v < 0)
     throw Error(chorusInvalidArgument, Subsys::Core, cat(what, "='", text, "' is not a non-negative size"));
   int64_t mult = 1;

@@ -638,7 +638,11 @@ TEST(ChorusPlan, SettingsFromTheEnvironmentAreCheckedAsTheLibraryChecksThem) {
            {"CHORUS_SLICE_BYTES=1", "CHORUS_SLICE_BYTES=1 must be between 64 and 1G"},
            {"CHORUS_SLICE_BYTES=16G", "CHORUS_SLICE_BYTES=17179869184 must be between 64 and 1G"},
            {"CHORUS_FIFO_DEPTH=3", "CHORUS_FIFO_DEPTH=3 must be a power of two between 2 and 64"},
-           {"CHORUS_NCHANNELS=0", "CHORUS_NCHANNELS=0 must be between 1 and 32"}}) {
+           {"CHORUS_NCHANNELS=0", "CHORUS_NCHANNELS=0 must be between 1 and 32"},
+           {"CHORUS_FP32_PARTIALS=5", "CHORUS_FP32_PARTIALS=5 must be 0 or 1"},
+           {"CHORUS_ALGO=allreduce:0-:nosuch", "nosuch"},
+           {"CHORUS_TOPO_FILE=/nonexistent/t.json", "CHORUS_TOPO_FILE: "},
+           {"CHORUS_TUNE_FILE=/nonexistent/t.json", "CHORUS_TUNE_FILE: "}}) {
     Result r = run(env + " " + plan);
     EXPECT_EQ(r.code, 2) << env << ": " << r.out;
     EXPECT_NE(r.out.find(text), std::string::npos) << env << ": " << r.out;
@@ -646,6 +650,33 @@ TEST(ChorusPlan, SettingsFromTheEnvironmentAreCheckedAsTheLibraryChecksThem) {
   Result net = run(plan + " --nranks 4 --hosts 2 --net-gbps inf");
   EXPECT_EQ(net.code, 2) << net.out;
   EXPECT_NE(net.out.find("--net-gbps 'inf' must be a finite number >= 0"), std::string::npos) << net.out;
+  // Plans it could not hold in memory or print are refused up front (one ran out of memory and aborted).
+  const std::string big = testing::TempDir() + "/chorus-plan-10000-ranks.json";
+  std::FILE* f = std::fopen(big.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(R"({"version": 1, "hosts": [{"name": "a", "count": 10000}]})", f);
+  std::fclose(f);
+  Result ranks = run(std::string(CHORUS_PLAN) + " --coll allreduce --bytes 1K --topo " + big);
+  EXPECT_EQ(ranks.code, 2) << ranks.out;
+  EXPECT_NE(ranks.out.find("has 10000 ranks; chorus-plan plans at most 8192"), std::string::npos) << ranks.out;
+  Result sizes = run(std::string(CHORUS_PLAN) + " --coll allreduce --bytes 1K:8G --step 1.0000001");
+  EXPECT_EQ(sizes.code, 2) << sizes.out;
+  EXPECT_NE(sizes.out.find("sizes (take a larger --step)"), std::string::npos) << sizes.out;
+}
+
+// With CHORUS_FP32_PARTIALS=1 a half-precision sum runs as a float32 call, and chorus-plan chooses for that call as
+// the library does: the size ranges of CHORUS_ALGO see 4 bytes per element (it used to plan the half call).
+TEST(ChorusPlan, Fp32PartialsPlanTheFloat32CallTheLibraryRuns) {
+  const std::string plan =
+      std::string(CHORUS_PLAN) + " --coll allreduce --dtype half --bytes 1000 --nranks 2 --choice-only";
+  const std::string algo = "CHORUS_ALGO='allreduce:0-1K:tree,1K-:ring' ";
+  Result half = run(algo + plan);
+  ASSERT_EQ(half.code, 0) << half.out;
+  EXPECT_NE(half.out.find("tree (CHORUS_ALGO)"), std::string::npos) << half.out;
+  Result widened = run(algo + "CHORUS_FP32_PARTIALS=1 " + plan);
+  ASSERT_EQ(widened.code, 0) << widened.out;
+  EXPECT_NE(widened.out.find("ring (CHORUS_ALGO)"), std::string::npos) << widened.out;
+  EXPECT_NE(widened.out.find("CHORUS_FP32_PARTIALS=1: half runs as a float32 call"), std::string::npos) << widened.out;
 }
 
 TEST(ChorusPlan, ChoiceOnlyShowsANamedAlgorithmAsNamed) {

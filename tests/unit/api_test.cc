@@ -234,6 +234,24 @@ TEST(BadInput, BadAlgoOverridesFailInitNamingTheVariable) {
   EXPECT_NE(err.find("nosuch"), std::string::npos) << err;
 }
 
+// Settings read at a call's time used to pass init whatever their value (CHORUS_CUDA_DIRECT=abc would have failed
+// every CUDA collective instead), and a topology dump that cannot be written did not say which setting named it.
+TEST(BadInput, EverySettingIsCheckedAtInitAndNamed) {
+  for (const auto& [name, value, text] :
+       {std::make_tuple("CHORUS_CUDA_DIRECT", "7", "CHORUS_CUDA_DIRECT=7 must be 0 or 1"),
+        std::make_tuple("CHORUS_CUDA_DIRECT", "abc", "CHORUS_CUDA_DIRECT='abc'"),
+        std::make_tuple("CHORUS_TOPO_DUMP_FILE", "/nonexistent/dir/t.json",
+                        "CHORUS_TOPO_DUMP_FILE=/nonexistent/dir/t.json: ")}) {
+    ScopedEnv env(name, value);
+    chorusUniqueId id;
+    ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+    chorusComm_t comm = nullptr;
+    EXPECT_EQ(chorusCommInitRank(&comm, 1, id, 0), chorusInvalidArgument) << name << "=" << value;
+    const std::string err = chorusGetLastError(nullptr);
+    EXPECT_NE(err.find(text), std::string::npos) << err;
+  }
+}
+
 // A CHORUS_* variable that is not a setting changes nothing, so it is reported (a warning at init, the perf tools'
 // header, chorus-info) with the setting nearest in spelling when one is close.
 TEST(Settings, VariablesThatAreNoSettingAreFoundWithTheNearestName) {
