@@ -265,7 +265,8 @@ typedef struct {
    * a checkpoint), error_feedback_elems floats (float32 whatever the data's type), zero-initialised before the
    * first call. All-reduce of count elements: 2 * count (the worker residual over the input, then the owner
    * residual); reduce-scatter of recvcount: nranks * recvcount. NULL: no feedback. Not for all-gather. Every rank
-   * passes its own. */
+   * passes its own. The layout follows the count (the owner residual of an all-reduce starts at element count): a
+   * residual serves one tensor of one count, and reusing it for another count mixes elements (zero it first). */
   float* error_feedback;
   size_t error_feedback_elems;
   /* 1: randomized Hadamard rotation of each record before quantizing (int8 with a power-of-two block, fp8_e4m3,

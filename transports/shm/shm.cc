@@ -1,8 +1,9 @@
 // shm: processes on one host. The lower rank of a pair creates one POSIX shared-memory segment (mode 0600,
-// O_EXCL) holding a SlotFifo per direction and sends its name through the bootstrap; the higher rank maps it; once
-// both are connected the name is unlinked, so nothing is left in /dev/shm even if a process dies later. A process
-// that dies before its peer mapped a segment leaves it: chorusrun removes those of its ranks, and every shm
-// transport, as it starts, removes those whose creator is dead in its own pid namespace (any launcher).
+// O_EXCL) holding a SlotFifo per direction and sends its name through the bootstrap; the higher rank opens it and
+// unlinks the name at once (the lower rank unlinks it too once both are connected, and when it is destroyed), so
+// nothing is left in /dev/shm even if a process dies later. A process that dies before its peer opened a segment
+// leaves it: chorusrun removes those of its ranks, and every shm transport, as it starts, removes those whose creator
+// is dead in its own pid namespace (any launcher).
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -158,6 +159,7 @@ class ShmTransport : public Transport {
       if (fd < 0)
         throw Error(chorusSystemError, Subsys::Transport,
                     cat("shm: cannot open segment ", name, " of rank ", s.peer, ": ", errno_text()));
+      shm_unlink(name.c_str());  // both ranks hold it now: the name has served its purpose
       struct stat st {};
       if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != 2 * one) {
         close(fd);
