@@ -1347,6 +1347,11 @@ bool launcher_rank(int* rank) {
     *rank = std::atoi(r);
     return true;
   }
+  // CHORUS_NRANKS without CHORUS_RANK is a launch gone wrong, not a run of threads: the init says what is missing.
+  if (const char* n = std::getenv("CHORUS_NRANKS"); n != nullptr && std::atoi(n) > 1) {
+    *rank = 0;
+    return true;
+  }
   static const std::pair<const char*, const char*> kVars[] = {
       {"RANK", "WORLD_SIZE"},
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},

@@ -261,11 +261,28 @@ class Reader {
   }
 
   Json parse(const std::string& text) const {
+    // A key twice in one object: the parser would keep the last silently, and a copy edited in the wrong place
+    // would be ignored as a misspelt field would (those are errors too).
+    std::vector<std::set<std::string>> keys;  // of the objects open at this point of the text
+    std::string twice;
+    auto note_keys = [&](int, Json::parse_event_t event, Json& parsed) {
+      if (event == Json::parse_event_t::object_start) {
+        keys.emplace_back();
+      } else if (event == Json::parse_event_t::object_end) {
+        if (!keys.empty()) keys.pop_back();
+      } else if (event == Json::parse_event_t::key && !keys.empty()) {
+        if (!keys.back().insert(parsed.get<std::string>()).second && twice.empty()) twice = parsed.get<std::string>();
+      }
+      return true;
+    };
+    Json j;
     try {
-      return Json::parse(text);
+      j = Json::parse(text, note_keys);
     } catch (const Json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
       invalid(cat(prefix_, "not valid JSON: ", e.what()));
     }
+    if (!twice.empty()) invalid(cat(prefix_, "the key \"", twice, "\" appears twice in one object"));
+    return j;
   }
 
   // "links": {"<class>": {"alpha_us": x, "bandwidth_GBps": y, "overhead_us": z}, ...}: sets the fields present.

@@ -366,6 +366,8 @@ TEST(Topology, FileErrorsNameTheField) {
       {"{", "not valid JSON"},
       {R"({"hosts": [{"nics": [{"bandwidth_GBps": 1e400}]}]})", "not valid JSON"},  // out of double's range
       {"[]", "(top level): expected an object, got array"},
+      {R"({"hosts": [{"nranks": 2}], "hosts": [{"nranks": 3}]})", "the key \"hosts\" appears twice in one object"},
+      {R"({"hosts": [{"cores": 2, "numa": [], "cores": 4}]})", "the key \"cores\" appears twice in one object"},
       {R"({"hosts": []})", "hosts: empty"},
       {R"({"version": 1})", "hosts: missing"},
       {R"({"version": 2, "hosts": [{}]})", "version: 2 is not supported"},
