@@ -117,6 +117,7 @@ std::string human_bytes(uint64_t b) {
 int main(int argc, char** argv) {
   std::string coll_text, bytes_text, dtype_text = "float", topo_file, tune_file, algo;
   double step = 2;
+  std::string step_text = "2";
   int64_t nranks = 8, hosts = 1, nchannels = -1, fifo_depth = -1, root = 0;
   int64_t slice_bytes = -1;
   double net_gbps = 0;
@@ -163,6 +164,7 @@ int main(int argc, char** argv) {
     } else if (flag == "--step") {
       char* end = nullptr;
       step = std::strtod(value.c_str(), &end);
+      step_text = value;
       if (value.empty() || *end != '\0' || !(step > 1)) usage_error(cat("--step '", value, "' must be a number > 1"));
     } else if (flag == "--dtype") {
       dtype_text = value;
@@ -231,6 +233,14 @@ int main(int argc, char** argv) {
   const uint64_t lo = parse_size_flag("--bytes", bytes_text.substr(0, colon));
   const uint64_t hi = colon == std::string::npos ? lo : parse_size_flag("--bytes", bytes_text.substr(colon + 1));
   if (hi < lo) usage_error(cat("--bytes '", bytes_text, "': the upper size is below the lower one"));
+  // The sizes from LO (from 1 when LO is 0) to HI, before any count repeats: a step just above 1 gives more than a
+  // table can show, and would take hours to walk.
+  if (const double steps =
+          std::log(static_cast<double>(std::max<uint64_t>(hi, 1)) / static_cast<double>(std::max<uint64_t>(lo, 1))) /
+          std::log(step);
+      steps > static_cast<double>(kMaxPlanSizes))
+    usage_error(cat("--bytes ", bytes_text, " with --step ", step_text, " gives more than ", kMaxPlanSizes,
+                    " sizes (take a larger --step)"));
 
   try {
     warn_unknown_settings_once();
@@ -322,9 +332,6 @@ int main(int argc, char** argv) {
       if (bytes > hi) break;
       const size_t count = static_cast<size_t>(bytes / per_count);
       if (counts.empty() || counts.back() != count) counts.push_back(count);
-      if (counts.size() > kMaxPlanSizes)
-        usage_error(cat("--bytes ", bytes_text, " with --step ", step, " gives more than ", kMaxPlanSizes,
-                        " sizes (take a larger --step)"));
       if (b == 0) b = 1;
     }
 

@@ -21,8 +21,8 @@
  *    they reach the ranks in different orders with the same arguments, nothing can tell them apart.
  *  - fork: a child forked (without exec) from a process that holds communicators cannot use them, their requests,
  *    nor destroy or abort them: chorusInvalidUsage (its copies are its parent's; it makes communicators of its
- *    own). The child lets go of its copies of their connections at once, so that the parent's peers still see
- *    the parent's death when the child outlives it.
+ *    own). The child lets go of its copies of their sockets (bootstrap and tcp) at once, so that the parent's
+ *    peers still see the parent's death when the child outlives it.
  *  - All ranks of a communicator call its collectives in the same order with matching arguments. A mismatch
  *    (different collective, count, dtype, op or root) is detected and reported on every rank: the mismatched call
  *    fails on every rank that exchanges a message with a mismatched peer; a rank whose own messages all matched may

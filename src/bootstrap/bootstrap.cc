@@ -474,11 +474,12 @@ std::unique_ptr<Bootstrap> Bootstrap::join(const UniqueIdData& id, int rank, int
     throw Error(chorusInvalidUsage, Subsys::Bootstrap,
                 cat("rank ", rank, ": this unique id was already used: ", closed,
                     "; a unique id serves one communicator (make a new one with chorusGetUniqueId)"));
-  // The same, found while joining: a root of this process that stopped meanwhile ended its job without this rank (a
-  // second rank with this rank's number, say, after the rendezvous completed), which is why the connection failed.
+  // The same, found while joining: a root of this process whose rendezvous completed meanwhile, every rank having
+  // joined, ended its job without this rank (a second rank with this rank's number), which is why the connection
+  // failed. A rendezvous that failed or a service that stopped otherwise keep their own error.
   auto ended_without_this_rank = [&](const Error& e) -> std::optional<Error> {
+    if (!root_completed_here(id.secret)) return std::nullopt;
     const std::string closed = root_closed_here(id.secret);
-    if (closed.empty()) return std::nullopt;
     return Error(chorusInvalidUsage, Subsys::Bootstrap,
                  cat("rank ", rank, ": the rendezvous of this unique id ended while this rank was joining: ", closed,
                      " (did another rank join as rank ", rank,

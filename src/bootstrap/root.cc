@@ -157,6 +157,7 @@ struct Registry {
   // Per unique id served here (RootOptions::one_rendezvous), once nobody can join: what happened
   // (root_closed_here). The most recent kMaxClosed only, oldest first in `closed_order`.
   std::map<Secret, std::string> closed;
+  std::set<Secret> completed;  // of `closed`, those whose rendezvous completed (every rank joined)
   std::deque<Secret> closed_order;
   std::multiset<Secret> serving;  // secrets of the services whose thread is running (root_serving_here)
 };
@@ -167,13 +168,15 @@ Registry& registry() {
   return *r;
 }
 
-void set_closed(const Secret& secret, const std::string& what) {
+void set_closed(const Secret& secret, const std::string& what, bool completed) {
   std::lock_guard<std::mutex> lock(registry().mu);
   Registry& r = registry();
+  if (completed) r.completed.insert(secret);
   if (r.closed.insert_or_assign(secret, what).second) {
     r.closed_order.push_back(secret);
     if (r.closed_order.size() > kMaxClosed) {
       r.closed.erase(r.closed_order.front());
+      r.completed.erase(r.closed_order.front());
       r.closed_order.pop_front();
     }
   }
@@ -227,8 +230,10 @@ class RootService {
     // thread's own teardown (LeakSanitizer then reported that state as leaked).
     OPENSSL_thread_stop();
     if (options_.one_rendezvous)
-      set_closed(secret_, phase_ == Phase::Gathering ? cat("its service at ", addr_, " stopped")
-                                                     : cat(closed_text(), " and its service has stopped"));
+      set_closed(secret_,
+                 phase_ == Phase::Gathering ? cat("its service at ", addr_, " stopped")
+                                            : cat(closed_text(), " and its service has stopped"),
+                 phase_ == Phase::Complete);
     set_busy(false);
   }
 
@@ -575,7 +580,7 @@ class RootService {
       return;
     }
     phase_ = Phase::Complete;
-    if (options_.one_rendezvous) set_closed(secret_, closed_text());
+    if (options_.one_rendezvous) set_closed(secret_, closed_text(), /*completed=*/true);
     broadcast(frame);
     CHORUS_INFO(Bootstrap, "root %s: rendezvous complete, %d ranks", addr_.c_str(), nranks_);
     // Nobody else can join: stop listening, and drop strangers still authenticating.
@@ -725,7 +730,7 @@ class RootService {
       // elsewhere by this service, which stays a while for it. Only for a unique id's own (ephemeral) port: a
       // launcher's fixed port must be free again for a retry.
       if (options_.one_rendezvous) {
-        set_closed(secret_, closed_text());
+        set_closed(secret_, closed_text(), /*completed=*/false);
         int64_t ms = 60000;
         try {
           ms = std::min<int64_t>(ms, param_int(Param::TimeoutMs));
@@ -995,6 +1000,11 @@ std::string root_closed_here(const Secret& secret) {
   std::lock_guard<std::mutex> lock(registry().mu);
   const auto it = registry().closed.find(secret);
   return it == registry().closed.end() ? std::string() : it->second;
+}
+
+bool root_completed_here(const Secret& secret) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  return registry().completed.count(secret) > 0;
 }
 
 bool root_serving_here(const Secret& secret) {

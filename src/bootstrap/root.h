@@ -111,5 +111,7 @@ bool root_serving_here(const Secret& secret);
 // reuses the id. Empty otherwise (another process's id, a launcher's secret, or one still gathering; only the most
 // recent 4096 ids are remembered). Thread-safe.
 std::string root_closed_here(const Secret& secret);
+// Of those, true when its rendezvous completed (every rank joined) before it closed. Thread-safe.
+bool root_completed_here(const Secret& secret);
 
 }  // namespace chorus

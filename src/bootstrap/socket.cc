@@ -45,13 +45,24 @@ class OwnedDescriptors {
     }();
     return *d;
   }
-  void add(int fd) {
+  // socket(2), accept4(2) and close(2) of an owned descriptor, each with its registration under the lock that a
+  // fork's prepare handler takes: a fork never falls between making a descriptor and registering it (the child
+  // would keep an unregistered connection), nor between forgetting one and closing it. Results and errno as the
+  // system calls'.
+  int socket(int domain, int type) {
     std::lock_guard<std::mutex> lock(mu_);
-    fds_.insert(fd);
+    const int fd = ::socket(domain, type, 0);
+    return registered(fd);
   }
-  void remove(int fd) {
+  int accept4(int listener, sockaddr* addr, socklen_t* len, int flags) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int fd = ::accept4(listener, addr, len, flags);
+    return registered(fd);
+  }
+  void close(int fd) {
     std::lock_guard<std::mutex> lock(mu_);
     fds_.erase(fd);
+    ::close(fd);  // never retried on EINTR: on Linux the descriptor is released either way
   }
 
  private:
@@ -64,6 +75,20 @@ class OwnedDescriptors {
       if (placeholder < 0 || ::dup3(placeholder, fd, O_CLOEXEC) < 0) ::close(fd);
     if (placeholder >= 0) ::close(placeholder);
     mu_.unlock();
+  }
+
+  int registered(int fd) {
+    if (fd < 0) return fd;
+    const int saved = errno;
+    try {
+      fds_.insert(fd);
+    } catch (...) {
+      ::close(fd);
+      errno = ENOMEM;
+      return -1;
+    }
+    errno = saved;
+    return fd;
   }
 
   std::mutex mu_;
@@ -135,14 +160,9 @@ Socket& Socket::operator=(Socket&& other) noexcept {
   return *this;
 }
 
-Socket::Socket(int fd) : fd_(fd) {
-  if (fd_ >= 0) OwnedDescriptors::get().add(fd_);
-}
-
 void Socket::close() {
   if (fd_ >= 0) {
-    OwnedDescriptors::get().remove(fd_);
-    ::close(fd_);  // never retried on EINTR: on Linux the descriptor is released either way
+    OwnedDescriptors::get().close(fd_);
     fd_ = -1;
   }
 }
@@ -152,7 +172,7 @@ void Socket::shutdown(bool write_only) const {
 }
 
 Socket Socket::listen(const sockaddr_storage& addr, int backlog) {
-  int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = OwnedDescriptors::get().socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) throw_sys(cat("cannot create a socket to listen on ", sockaddr_to_string(addr)), errno);
   Socket s(fd);
   int one = 1;
@@ -172,7 +192,7 @@ Socket Socket::listen(const sockaddr_storage& addr, int backlog) {
 Socket Socket::connect(const sockaddr_storage& addr, Deadline deadline) {
   int backoff_ms = 5;
   for (;;) {
-    int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = OwnedDescriptors::get().socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) throw_sys(cat("cannot create a socket to connect to ", sockaddr_to_string(addr)), errno);
     Socket s(fd);
     int err = 0;
@@ -233,7 +253,7 @@ Socket Socket::try_accept(sockaddr_storage* peer) const {
   for (;;) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
-    int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = OwnedDescriptors::get().accept4(fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
       if (peer != nullptr) *peer = ss;
       Socket s(fd);

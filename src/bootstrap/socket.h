@@ -30,7 +30,8 @@ namespace chorus {
 class Socket {
  public:
   Socket() = default;
-  explicit Socket(int fd);  // takes ownership of `fd` (>= 0)
+  // Takes ownership of `fd`, one that socket.cc made (and registered for forks: see the class comment).
+  explicit Socket(int fd) : fd_(fd) {}
   ~Socket() { close(); }
   Socket(Socket&& other) noexcept : fd_(other.release()) {}
   Socket& operator=(Socket&& other) noexcept;

@@ -14,6 +14,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -68,11 +69,20 @@ namespace {
 
 // Forks this process descends from: incremented in every child, so that a handle made before the fork is known to
 // be the parent's.
+// The child also gets a fresh lock of the live requests: another thread of the parent may have held it at the fork,
+// and the child's refusal of a parent's request looks the request up first.
 std::atomic<uint64_t> g_forks{0};
-const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1, std::memory_order_relaxed); });
+const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] {
+  g_forks.fetch_add(1, std::memory_order_relaxed);
+  new (&g_requests_mu) std::mutex;
+});
+
+bool parents_handle(const chorusComm* comm) {
+  return comm != nullptr && comm->forks != g_forks.load(std::memory_order_relaxed);
+}
 
 void refuse_parents_handle(const chorusComm* comm) {
-  if (comm != nullptr && comm->forks != g_forks.load(std::memory_order_relaxed))
+  if (parents_handle(comm))
     throw Error(chorusInvalidUsage, Subsys::Core,
                 cat("comm was made by process ", comm->pid,
                     ", which then forked this one: a forked child cannot use, destroy or abort its parent's "
@@ -93,7 +103,8 @@ std::string with_rank(const chorusComm* comm, std::string text) {
 
 void set_error(chorusComm* comm, const std::string& text) {
   t_last_error = text;
-  if (comm) {
+  // Not into a parent's communicator in a forked child: its lock may have been held at the fork.
+  if (comm && !parents_handle(comm)) {
     std::lock_guard<std::mutex> lock(comm->err_mu);
     comm->last_error = text;
   }
@@ -426,7 +437,8 @@ const char* chorusGetErrorString(chorusResult_t r) {
 }
 
 const char* chorusGetLastError(chorusComm_t comm) {
-  if (comm == nullptr || comm->impl.load(std::memory_order_acquire) == nullptr) return t_last_error.c_str();
+  if (comm == nullptr || comm->impl.load(std::memory_order_acquire) == nullptr || parents_handle(comm))
+    return t_last_error.c_str();
   // Copied into a buffer of its own, so that asking about a communicator leaves this thread's last error alone.
   thread_local std::string t_comm_error;
   std::lock_guard<std::mutex> lock(comm->err_mu);
@@ -472,6 +484,13 @@ chorusResult_t chorusCommInitAll(chorusComm_t* comms, int nranks) {
     const auto n = static_cast<size_t>(nranks);
     std::vector<std::unique_ptr<CommImpl>> made(n);
     std::vector<std::optional<Error>> failed(n);
+    // The first rank to fail ends the others' waits at once (their rendezvous would otherwise wait for it until
+    // CHORUS_TIMEOUT_MS), and its error is the one returned: theirs only say that it failed.
+    std::atomic<int> first_failed{-1};
+    auto check_stop = [&] {
+      if (const int f = first_failed.load(); f >= 0)
+        throw Error(chorusRemoteError, Subsys::Core, cat("rank ", f, " of this chorusCommInitAll failed"));
+    };
     std::mutex mu;
     std::condition_variable cv;
     enum class Gate { Wait, Go, Stop } start = Gate::Wait, finish = Gate::Wait;
@@ -496,13 +515,17 @@ chorusResult_t chorusCommInitAll(chorusComm_t* comms, int nranks) {
         threads.emplace_back([&, r] {
           if (await(start) == Gate::Stop) return;
           try {
-            made[r] = std::make_unique<CommImpl>(id, nranks, static_cast<int>(r));
+            made[r] = std::make_unique<CommImpl>(id, nranks, static_cast<int>(r), nullptr, check_stop);
           } catch (const Error& e) {
             failed[r] = e;
           } catch (const std::bad_alloc&) {
             failed[r] = Error(chorusSystemError, Subsys::Core, "out of memory");
           } catch (const std::exception& e) {
             failed[r] = Error(chorusInternalError, Subsys::Core, cat("internal error: ", e.what()));
+          }
+          if (failed[r]) {
+            int none = -1;
+            first_failed.compare_exchange_strong(none, static_cast<int>(r));
           }
           {
             std::lock_guard<std::mutex> lock(mu);
@@ -511,7 +534,7 @@ chorusResult_t chorusCommInitAll(chorusComm_t* comms, int nranks) {
           cv.notify_all();
           if (await(finish) == Gate::Stop) made[r].reset();
         });
-    } catch (const std::system_error& e) {
+    } catch (const std::exception& e) {  // std::system_error, or std::bad_alloc for the thread's state
       spawn_error = cat("cannot start a thread for rank ", threads.size(), " of ", nranks, ": ", e.what());
     }
     open(start, spawn_error.empty() ? Gate::Go : Gate::Stop);
@@ -519,13 +542,14 @@ chorusResult_t chorusCommInitAll(chorusComm_t* comms, int nranks) {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return !spawn_error.empty() || done == nranks; });
     }
-    const auto first = std::find_if(failed.begin(), failed.end(), [](const auto& f) { return f.has_value(); });
-    open(finish, spawn_error.empty() && first == failed.end() ? Gate::Go : Gate::Stop);
+    const int first = first_failed.load();
+    open(finish, spawn_error.empty() && first < 0 ? Gate::Go : Gate::Stop);
     for (std::thread& t : threads) t.join();
     if (!spawn_error.empty()) throw Error(chorusSystemError, Subsys::Core, spawn_error);
-    if (first != failed.end())
-      throw Error((*first)->code(), (*first)->subsys(),
-                  cat("rank ", first - failed.begin(), " of ", nranks, " failed to initialise: ", (*first)->what()));
+    if (first >= 0) {
+      const Error& e = *failed[static_cast<size_t>(first)];
+      throw Error(e.code(), e.subsys(), cat("rank ", first, " of ", nranks, " failed to initialise: ", e.what()));
+    }
     for (size_t r = 0; r < n; ++r) comms[r] = wrap(std::move(made[r]));
   });
 }

@@ -148,7 +148,8 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
     overrides = algo::parse_algo_overrides(param_str(Param::Algo));
     if (switch_setting(Param::Deterministic)) algo::add_deterministic_rules(overrides);
     fp32_partials_ = switch_setting(Param::Fp32Partials);
-    cuda_direct_ = switch_setting(Param::CudaDirect);
+    // Read at each CUDA call (the GPU tests and benchmark switch it between calls); checked here once.
+    (void)switch_setting(Param::CudaDirect);
     // From the secret alone: every rank has the same secret, while the root address each rank resolved itself may
     // differ (a host name that resolves to 127.0.1.1 on its own host).
     comm_id_ = fnv1a(id.secret.data(), id.secret.size());
@@ -175,7 +176,7 @@ CommImpl::CommImpl(const UniqueIdData& id, int nranks, int rank, const topo::Top
           " CHORUS_TRANSPORTS=", param_str(Param::Transports), " CHORUS_ALGO=", param_str(Param::Algo),
           " CHORUS_DETERMINISTIC=", param_int(Param::Deterministic),
           " CHORUS_FP32_PARTIALS=", param_int(Param::Fp32Partials), " CHORUS_TOPO_FILE=", param_str(Param::TopoFile),
-          " CHORUS_TUNE_FILE=", param_str(Param::TuneFile), " CHORUS_CUDA_DIRECT=", cuda_direct_ ? 1 : 0);
+          " CHORUS_TUNE_FILE=", param_str(Param::TuneFile));
 
   bootstrap_ = Bootstrap::join(id, rank, nranks, self.serialize(), Deadline::after_ms(timeout_ms_), check_stop);
   // Past the rendezvous every peer's init succeeds; a failure here must reach them, or their first call would wait

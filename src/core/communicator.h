@@ -164,8 +164,6 @@ class CommImpl {
   // True when the call runs as a float32 call on widened copies of its data (run_widened): compressed calls on
   // fp16/bf16 data, and, with CHORUS_FP32_PARTIALS=1, reductions of fp16/bf16/fp8 data other than min and max.
   bool widens(const CollArgs& a) const;
-  // CHORUS_CUDA_DIRECT, read at init (every rank agrees on it).
-  bool cuda_direct() const { return cuda_direct_; }
   // Whether every rank is on this host and each in a process of its own (the device-direct path over CUDA IPC).
   bool ranks_are_processes_on_this_host() const;
   uint64_t comm_id() const { return comm_id_; }
@@ -265,7 +263,6 @@ class CommImpl {
   int nchannels_ = 1;
   bool oversubscribed_ = false;  // more ranks on this host than CPUs
   bool fp32_partials_ = false;   // CHORUS_FP32_PARTIALS
-  bool cuda_direct_ = true;      // CHORUS_CUDA_DIRECT
   int yield_us_ = 1000;
   int64_t timeout_ms_ = 0;
   uint64_t seq_ = 0;

@@ -729,7 +729,7 @@ bool enqueue_processes(CommImpl& comm, const CollArgs& a, cudaStream_t s, int de
 }  // namespace
 
 bool applies(const CommImpl& comm, const CollArgs& a, chorusStream_t user_stream) {
-  if (!comm.cuda_direct() || a.compressed || a.premul || comm.widens(a)) return false;
+  if (!switch_setting(Param::CudaDirect) || a.compressed || a.premul || comm.widens(a)) return false;
   if (!comm.all_ranks_in_this_process() && !comm.ranks_are_processes_on_this_host()) return false;
   switch (a.coll) {
     case Coll::AllReduce:

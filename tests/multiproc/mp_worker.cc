@@ -6,7 +6,7 @@
 //   kill       a large all-reduce during which rank 2 SIGKILLs itself; the others must fail naming rank 2 in < 10 s
 //   kill-root  the same with rank 0, whose process hosts the bootstrap root under a launcher
 //   kill-forked / kill-root-forked
-//              the same, but the victim first forks a child (no exec) that outlives it by 30 s, holding copies of
+//              the same, but the victim first forks a child (no exec) that outlives it by 15 s, holding copies of
 //              its descriptors: the others must still name it within 10 s
 //   stop       small all-reduces during which rank 2 stops itself (SIGSTOP); the others' errors (run with a short
 //              CHORUS_TIMEOUT_MS) must lead with rank 2 not answering, not the neighbour each waited for
@@ -277,10 +277,13 @@ int run_kill(chorusComm_t comm, int victim, bool forked_child) {
   if (g_rank == victim) {
     if (forked_child && fork() == 0) {
       // A worker forked without exec, as a data loader's: it holds copies of every descriptor the rank had when it
-      // forked, and outlives it. Its output goes nowhere, so the launcher does not wait for it.
+      // forked, and outlives it by 15 s (the others must name it within 10). Its output goes nowhere, so the
+      // launcher does not wait for it.
+      const pid_t parent = getppid();
       const int null = open("/dev/null", O_RDWR);
       for (int fd = 0; fd <= 2; ++fd) dup2(null, fd);
-      sleep(30);
+      for (int i = 0; i < 600 && getppid() == parent; ++i) usleep(100000);
+      sleep(15);
       _exit(0);
     }
     std::thread worker([&] {

@@ -112,7 +112,7 @@ TEST_P(Fault, KilledRankHostingTheRootIsNamedByTheOthers) {
 }
 
 // A rank that forked a worker (no exec) and then died: the worker's copies of its connections must not hide the
-// death. Killed ranks were seen as gone only when the worker exited (30 s here), and survivors waited until then.
+// death. Killed ranks were seen as gone only when the worker exited (15 s later here), and survivors waited until then.
 TEST(Faults, AKilledRanksForkedChildDoesNotHideItsDeath) {
   for (const auto& [net, mode, victim] :
        {std::make_tuple(kShm, "kill-forked", 2), std::make_tuple(kTcp, "kill-forked", 2),

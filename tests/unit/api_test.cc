@@ -505,7 +505,7 @@ TEST(Fork, AChildCannotUseDestroyOrAbortItsParentsCommunicators) {
   ASSERT_EQ(chorusIallReduce(v0.data(), v0.data(), v0.size(), chorusFloat32, chorusSum, c[0], &req), chorusSuccess);
   const pid_t child = fork();
   if (child == 0) {
-    // Only async-signal-safe reporting here: the exit status says which check failed.
+    // The exit status says which check failed (this child of a multithreaded process allocates: fine with glibc).
     int n = 0, done = 0;
     float x = 0;
     if (chorusCommCount(c[0], &n) != chorusInvalidUsage) _exit(2);
@@ -573,16 +573,16 @@ TEST(BadInput, InitAllNamesItsArgumentsAndLeavesCommsUntouched) {
     ScopedEnv algo("CHORUS_ALGO", "allreduce:0-:nosuch");
     EXPECT_EQ(chorusCommInitAll(c, 2), chorusInvalidArgument);
     const std::string err = chorusGetLastError(nullptr);
-    EXPECT_NE(err.find("rank 0 of 2 failed to initialise"), std::string::npos) << err;
+    EXPECT_NE(err.find(" of 2 failed to initialise: rank "), std::string::npos) << err;
     EXPECT_NE(err.find("CHORUS_ALGO"), std::string::npos) << err;
   }
   EXPECT_EQ(c[0], reinterpret_cast<chorusComm_t>(0x1));
   EXPECT_EQ(c[1], reinterpret_cast<chorusComm_t>(0x2));
 }
 
-// Two threads init as rank 1 of a 2-rank job. Whenever the second arrives (before the rendezvous completes, after,
-// or after the job has ended and its root stopped), it is told it is a second rank 1 or that the rendezvous ended
-// without it: never a lost root (chorusSystemError) or a timeout (helper-82).
+// Two threads init as rank 1 of a 2-rank job. Whenever the second arrives (0-3 ms late: before the rendezvous
+// completes, after, or after the job has ended and its root stopped), it is told it is a second rank 1 or that the
+// rendezvous ended without it: never a lost root (chorusSystemError) or a timeout (helper-82).
 TEST(BadInput, ARankThatJoinsTwiceIsToldSoWheneverItArrives) {
   ScopedEnv timeout("CHORUS_TIMEOUT_MS", "30000");
   for (int trial = 0; trial < 8; ++trial) {
@@ -1742,7 +1742,7 @@ TEST(GroupedCollectives, ARefusalOfARanksOnlyCallInAGroupDrivingThemAllEndsEvery
                   std::string::npos)
             << text;
       }
-      EXPECT_NE(text.find("op"), std::string::npos) << text;
+      EXPECT_NE(text.find("op=42 is not a valid chorusRedOp_t"), std::string::npos) << text;
       EXPECT_EQ(text.find("timed out"), std::string::npos) << text;
       EXPECT_EQ(a[r], r + 1.0f);
     }
