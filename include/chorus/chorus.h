@@ -20,9 +20,11 @@
  *    Calls from several threads that do not overlap are not detected: they are the caller's to order, and if
  *    they reach the ranks in different orders with the same arguments, nothing can tell them apart.
  *  - fork: a child forked (without exec) from a process that holds communicators cannot use them, their requests,
- *    nor destroy or abort them: chorusInvalidUsage (its copies are its parent's; it makes communicators of its
- *    own). The child lets go of its copies of their sockets (bootstrap and tcp) at once, so that the parent's
- *    peers still see the parent's death when the child outlives it.
+ *    nor destroy or abort them: chorusInvalidUsage (its copies are its parent's). The child lets go of its copies
+ *    of their sockets (bootstrap and tcp) at once, so that the parent's peers still see the parent's death when the
+ *    child outlives it. A child may make communicators of its own only if no other thread of the parent was inside
+ *    Chorus when it forked: a lock such a thread held stays held in the child, as POSIX says of a multithreaded
+ *    process's child (only async-signal-safe calls until it execs). A child that execs may use Chorus freely.
  *  - All ranks of a communicator call its collectives in the same order with matching arguments. A mismatch
  *    (different collective, count, dtype, op or root) is detected and reported on every rank: the mismatched call
  *    fails on every rank that exchanges a message with a mismatched peer; a rank whose own messages all matched may
@@ -169,7 +171,9 @@ chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId
  * handles. Each rank joins the rendezvous from a thread of its own, which has ended when this returns; any thread may
  * then drive the communicators, one thread all of them inside chorusGroupStart/End. comms NULL or nranks < 1:
  * chorusInvalidArgument. If any rank fails to initialise, none is kept, `comms` is untouched, and the error (that
- * rank's code) names the rank. Thread-safe; blocks until every rank has joined or failed. */
+ * rank's code) names the rank. Thread-safe; blocks until every rank has joined or failed. chorusCommSplit blocks
+ * until every rank of the communicator calls it, so split these communicators from a thread per rank. If a thread
+ * cannot be created, the job's rendezvous service (a thread and a socket) stays until the process exits. */
 chorusResult_t chorusCommInitAll(chorusComm_t* comms, int nranks);
 /* Init from the launcher's environment: torchrun (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK),
  * Open MPI (OMPI_COMM_WORLD_*), Slurm (SLURM_*), PMI (PMI_*); CHORUS_RANK, CHORUS_NRANKS, CHORUS_ROOT_ADDR
@@ -369,12 +373,13 @@ chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatyp
  * refused when it was made inside the group (bad argument, or one of the calls above) is left out and the others
  * run, so that peers are not left waiting; chorusGroupEnd then returns that refusal again (the first one, when no
  * communicator's calls failed), with the text in chorusGetLastError(NULL), as NCCL's group end reports errors of
- * calls made in the group. A communicator with collectives in the group (queued, or refused when made) runs all of
- * its calls or none: after a refusal on it (when made, or its sends against its receives at chorusGroupEnd) none of
- * them runs, since its later collectives would meet other collectives of its peers; the group end returns that
- * refusal as this communicator's error. Other ranks of that communicator with collectives in the same group (one
- * thread driving several thread-ranks) then run none of their calls either, saying which rank; peers elsewhere that
- * wait for those calls time out naming this rank. */
+ * calls made in the group. A communicator with collectives in the group (queued, or refused when made), or one of
+ * which the thread drives other ranks in the group too (one thread for several thread-ranks), runs all of its calls
+ * or none: after a refusal on it (when made, or its sends against its receives at chorusGroupEnd) none of them runs,
+ * since its later collectives would meet other collectives of its peers; the group end returns that refusal as this
+ * communicator's error. The other ranks of that communicator in the same group then run none of their calls either,
+ * saying which rank (their calls would wait for it); peers elsewhere that wait for those calls time out naming this
+ * rank. */
 chorusResult_t chorusGroupStart(void);
 chorusResult_t chorusGroupEnd(void);
 

@@ -140,7 +140,8 @@ bool AuthServer::fill(int fd, size_t want) {
       if (state_ == State::ReadProof && got_ == 0)
         refuse(
             "closed the connection after our challenge, without its proof: it most likely holds another secret "
-            "(check the unique id or CHORUS_SECRET)");
+            "(check the unique id or CHORUS_SECRET), unless it stopped joining (its init failed, timed out or was "
+            "aborted)");
       else
         refuse(cat("closed the connection during authentication (after ", got_, " bytes)"));
       return false;

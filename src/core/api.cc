@@ -12,12 +12,12 @@
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
 #include <string>
-#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -941,7 +941,7 @@ chorusResult_t chorusGroupEnd(void) {
     chorusStream_t stream = nullptr;  // the same for every call of the communicator (checked when added)
     bool ordered = false;             // stream-ordered (a stream or device buffers), else host
     bool issued = false;              // run, enqueued or submitted (or failed before)
-    bool has_collectives = false;     // queued, or refused when made
+    bool all_or_none = false;         // runs all of its calls or none (below)
     uint64_t comm_id = 0;             // of its communicator (the same for every rank of it)
     int rank = -1;
     chorusResult_t result = chorusSuccess;
@@ -952,15 +952,41 @@ chorusResult_t chorusGroupEnd(void) {
     p.result = r;
     if (r != chorusSuccess) p.error = t_last_error;
   };
-  // The communicators in the order they first appear, then those whose only calls were collectives refused when
-  // they were made: they have nothing to run, but their refusal stops the other ranks this thread drives.
+  // Ranks of one communicator that this thread drives in the group (one thread for several thread-ranks), by
+  // communicator id: one that cannot run all of its calls stops the others, whose calls would wait for it.
+  auto comm_id_of = [](chorusComm* c) -> uint64_t {
+    try {
+      const Live use(c);
+      return (*use).comm_id();
+    } catch (const Error&) {
+      return 0;  // not live: refused below, stopping nothing else
+    }
+  };
+  std::map<uint64_t, int> ranks_here;
+  {
+    std::vector<chorusComm*> seen;
+    auto count = [&](chorusComm* c) {
+      if (c == nullptr || std::find(seen.begin(), seen.end(), c) != seen.end()) return;
+      seen.push_back(c);
+      if (const uint64_t id = comm_id_of(c)) ++ranks_here[id];
+    };
+    for (const GroupOp& g : ops) count(g.comm);
+    for (const GroupState::Refusal& f : refused_on) count(f.comm);
+  }
+  auto shared = [&](chorusComm* c) {
+    const auto it = ranks_here.find(comm_id_of(c));
+    return it != ranks_here.end() && it->second > 1;
+  };
+  // The communicators in the order they first appear, then those whose only calls were refused when they were made,
+  // if collectives or if another rank of theirs is here: they have nothing to run, but their refusal stops the
+  // other ranks this thread drives.
   std::vector<chorusComm*> comms;
   auto add_comm = [&](chorusComm* c) {
     if (c != nullptr && std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
   };
   for (const GroupOp& g : ops) add_comm(g.comm);
   for (const GroupState::Refusal& f : refused_on)
-    if (f.collective) add_comm(f.comm);
+    if (f.collective || shared(f.comm)) add_comm(f.comm);
   std::vector<Program> programs;
   for (chorusComm* comm : comms) {
     Program& p = programs.emplace_back();
@@ -978,16 +1004,18 @@ chorusResult_t chorusGroupEnd(void) {
     }
     // A communicator with collectives in the group runs all of its calls or none: without one that was refused, its
     // later collectives would meet other collectives of its peers (the same kind and size: silently wrong values).
-    const bool has_collectives = p.has_collectives =
-        !p.calls.empty() || std::any_of(refused_on.begin(), refused_on.end(),
-                                        [&](const GroupState::Refusal& f) { return f.comm == p.comm && f.collective; });
+    // So does one of which this thread drives other ranks here too: their calls would wait for those not run.
+    const bool all_or_none = p.all_or_none =
+        !p.calls.empty() || shared(comm) ||
+        std::any_of(refused_on.begin(), refused_on.end(),
+                    [&](const GroupState::Refusal& f) { return f.comm == p.comm && f.collective; });
     const char* none_ran = "; so none of this communicator's calls in the group ran, its collectives neither";
     settle(p, guarded(p.comm, [&] {
              const Live use(p.comm);
              p.comm_id = (*use).comm_id();
              p.rank = (*use).rank();
              for (const GroupState::Refusal& f : refused_on) {
-               if (!has_collectives || f.comm != p.comm) continue;
+               if (!all_or_none || f.comm != p.comm) continue;
                std::string why = f.text;  // without this rank's prefix, which the error gets again
                if (const std::string self = cat("rank ", p.rank, ": "); why.rfind(self, 0) == 0)
                  why.erase(0, self.size());
@@ -998,7 +1026,7 @@ chorusResult_t chorusGroupEnd(void) {
                try {
                  (*use).validate(p2p);  // the group as a whole: its sends to this rank against its receives from it
                } catch (const Error& e) {
-                 if (!has_collectives) throw;
+                 if (!all_or_none) throw;
                  throw Error(e.code(), e.subsys(), cat(e.what(), none_ran));
                }
                p.calls.push_back(std::move(p2p));
@@ -1010,9 +1038,9 @@ chorusResult_t chorusGroupEnd(void) {
   // Other ranks of such a communicator that this thread drives in the same group (one thread for several
   // thread-ranks) would wait for it until the timeout: none of their calls run either, at once.
   for (const Program& failed : programs) {
-    if (!failed.has_collectives || failed.result == chorusSuccess) continue;
+    if (!failed.all_or_none || failed.result == chorusSuccess || failed.comm_id == 0) continue;
     for (Program& q : programs) {
-      if (q.issued || !q.has_collectives || q.comm_id != failed.comm_id) continue;
+      if (q.issued || q.comm_id != failed.comm_id) continue;
       q.issued = true;
       settle(q, guarded(q.comm, [&] {
                throw Error(failed.result, Subsys::Core,
@@ -1021,7 +1049,7 @@ chorusResult_t chorusGroupEnd(void) {
                                "none of its calls (",
                                failed.error,
                                "); so none of this rank's calls in the group ran "
-                               "either: its collectives would wait for rank ",
+                               "either: they would wait for rank ",
                                failed.rank));
              }));
     }

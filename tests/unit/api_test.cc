@@ -1755,6 +1755,54 @@ TEST(GroupedCollectives, ARefusalOfARanksOnlyCallInAGroupDrivingThemAllEndsEvery
   }
 }
 
+TEST(GroupedCollectives, ARefusedSendInAGroupDrivingEveryRankOfARingRunsNoneOfTheirCalls) {
+  // One thread drives a send/receive ring of 4 ranks; rank 1's send is refused (NULL buffer). With only sends and
+  // receives in the group, the other ranks' calls used to run and wait for rank 1 until the timeout (helper-86),
+  // writing some buffers and breaking the communicator. Now none runs, at once. The same for a self-send and
+  // self-receive of different sizes, which the group refuses as a whole.
+  ScopedEnv timeout("CHORUS_TIMEOUT_MS", "20000");
+  constexpr int n = 4;
+  chorusComm_t c[n];
+  ASSERT_EQ(chorusCommInitAll(c, n), chorusSuccess) << chorusGetLastError(nullptr);
+  std::vector<int32_t> out(n), in(n, -1);
+  for (int bad_case = 0; bad_case < 2; ++bad_case) {
+    ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+    for (int r = 0; r < n; ++r) {
+      out[r] = 100 + r;
+      const bool bad = r == 1 && bad_case == 0;
+      EXPECT_EQ(chorusSend(bad ? nullptr : &out[r], 1, chorusInt32, (r + 1) % n, c[r], nullptr),
+                bad ? chorusInvalidArgument : chorusSuccess);
+      EXPECT_EQ(chorusRecv(&in[r], 1, chorusInt32, (r + n - 1) % n, c[r], nullptr), chorusSuccess);
+    }
+    int32_t self[2] = {0, 0};
+    if (bad_case == 1) {  // 4 bytes sent to itself, 8 expected
+      EXPECT_EQ(chorusSend(&self[0], 1, chorusInt32, 0, c[0], nullptr), chorusSuccess);
+      EXPECT_EQ(chorusRecv(self, 2, chorusInt32, 0, c[0], nullptr), chorusSuccess);
+    }
+    EXPECT_EQ(chorusGroupEnd(), chorusInvalidArgument) << chorusGetLastError(nullptr);
+    const int bad_rank = bad_case == 0 ? 1 : 0;
+    for (int r = 0; r < n; ++r) {
+      const std::string text = chorusGetLastError(c[r]);
+      if (r != bad_rank) {
+        EXPECT_NE(text.find(cat("rank ", bad_rank, " of this communicator, in this group too, runs none of its calls")),
+                  std::string::npos)
+            << text;
+      }
+      EXPECT_EQ(text.find("timed out"), std::string::npos) << text;
+      EXPECT_EQ(in[r], -1) << "rank " << r;
+    }
+  }
+  // Nothing ran and nothing broke: the ring runs.
+  ASSERT_EQ(chorusGroupStart(), chorusSuccess);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(chorusSend(&out[r], 1, chorusInt32, (r + 1) % n, c[r], nullptr), chorusSuccess);
+    EXPECT_EQ(chorusRecv(&in[r], 1, chorusInt32, (r + n - 1) % n, c[r], nullptr), chorusSuccess);
+  }
+  ASSERT_EQ(chorusGroupEnd(), chorusSuccess) << chorusGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(in[r], 100 + (r + n - 1) % n);
+  for (chorusComm_t comm : c) EXPECT_EQ(chorusCommDestroy(comm), chorusSuccess);
+}
+
 TEST(GroupedCollectives, ARefusedCollectiveKeepsTheSendsAndReceivesOfItsCommunicatorFromRunning) {
   // Rank 0's only collective is refused; its sends and receives would meet rank 1's all-reduce (helper-76). They do
   // not run: rank 0's group end says so, and rank 1's all-reduce times out naming rank 0.
