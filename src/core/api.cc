@@ -954,28 +954,25 @@ chorusResult_t chorusGroupEnd(void) {
   };
   // Ranks of one communicator that this thread drives in the group (one thread for several thread-ranks), by
   // communicator id: one that cannot run all of its calls stops the others, whose calls would wait for it.
-  auto comm_id_of = [](chorusComm* c) -> uint64_t {
+  std::map<chorusComm*, uint64_t> id_of;  // every communicator named in the group; 0 for one that is not live
+  std::map<uint64_t, int> ranks_here;
+  auto note = [&](chorusComm* c) {
+    if (c == nullptr || id_of.count(c) > 0) return;
+    uint64_t id = 0;
     try {
       const Live use(c);
-      return (*use).comm_id();
+      id = (*use).comm_id();
     } catch (const Error&) {
-      return 0;  // not live: refused below, stopping nothing else
+      // not live: refused below, stopping nothing else
     }
+    id_of[c] = id;
+    if (id != 0) ++ranks_here[id];
   };
-  std::map<uint64_t, int> ranks_here;
-  {
-    std::vector<chorusComm*> seen;
-    auto count = [&](chorusComm* c) {
-      if (c == nullptr || std::find(seen.begin(), seen.end(), c) != seen.end()) return;
-      seen.push_back(c);
-      if (const uint64_t id = comm_id_of(c)) ++ranks_here[id];
-    };
-    for (const GroupOp& g : ops) count(g.comm);
-    for (const GroupState::Refusal& f : refused_on) count(f.comm);
-  }
+  for (const GroupOp& g : ops) note(g.comm);
+  for (const GroupState::Refusal& f : refused_on) note(f.comm);
   auto shared = [&](chorusComm* c) {
-    const auto it = ranks_here.find(comm_id_of(c));
-    return it != ranks_here.end() && it->second > 1;
+    const auto it = id_of.find(c);
+    return it != id_of.end() && it->second != 0 && ranks_here[it->second] > 1;
   };
   // The communicators in the order they first appear, then those whose only calls were refused when they were made,
   // if collectives or if another rank of theirs is here: they have nothing to run, but their refusal stops the
