@@ -299,10 +299,9 @@ int main(int argc, char** argv) {
     try {
       if (spec && *spec) overrides = parse_algo_overrides(spec);
       if (switch_setting(Param::Deterministic)) add_deterministic_rules(overrides);
-      const auto t = static_cast<chorusDataType_t>(dtype);
       widened = switch_setting(Param::Fp32Partials) &&
                 (coll == Coll::AllReduce || coll == Coll::ReduceScatter || coll == Coll::Reduce) &&
-                (t == chorusFloat16 || t == chorusBfloat16 || t == chorusFloat8e4m3 || t == chorusFloat8e5m2);
+                dtype_is_narrow_float(static_cast<chorusDataType_t>(dtype));
       if (widened) sel_esz = dtype_size(chorusFloat32);
     } catch (const Error& e) {
       usage_error(e.what());

@@ -1194,9 +1194,8 @@ size_t CommImpl::error_feedback_elems(const CollArgs& a) const {
 bool CommImpl::widens(const CollArgs& a) const {
   if (a.dtype == chorusFloat32) return false;
   if (a.compressed) return true;  // validated: fp16 or bf16
-  const bool narrow = a.dtype == chorusFloat16 || a.dtype == chorusBfloat16 || a.dtype == chorusFloat8e4m3 ||
-                      a.dtype == chorusFloat8e5m2;
-  return fp32_partials_ && narrow && is_reduction(a.coll) && a.op != chorusMax && a.op != chorusMin;
+  return fp32_partials_ && dtype_is_narrow_float(a.dtype) && is_reduction(a.coll) && a.op != chorusMax &&
+         a.op != chorusMin;
 }
 
 void CommImpl::run_widened(const CollArgs& a, WireHeader& hdr) {

@@ -29,6 +29,10 @@ inline bool dtype_is_float(chorusDataType_t d) {
   return d == chorusFloat16 || d == chorusFloat32 || d == chorusFloat64 || d == chorusBfloat16 ||
          d == chorusFloat8e4m3 || d == chorusFloat8e5m2;
 }
+// The floats narrower than float32 (fp16, bf16, fp8), which CHORUS_FP32_PARTIALS widens for a reduction.
+inline bool dtype_is_narrow_float(chorusDataType_t d) {
+  return d == chorusFloat16 || d == chorusBfloat16 || d == chorusFloat8e4m3 || d == chorusFloat8e5m2;
+}
 const char* dtype_name(chorusDataType_t dtype);  // "float", "half", ... (nccl-tests names)
 const char* op_name(chorusRedOp_t op);           // "sum", "prod", "max", "min", "avg", "premulsum"
 
